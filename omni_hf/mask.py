@@ -1,0 +1,737 @@
+"""Typed block masks for omni attention: `BlockType`, `OmniBlockMask` and its builders.
+
+A mask is stored per (Q block, KV block) pair as one of four types, so a kernel skips what is masked
+and runs unmasked tiles with no mask code. The element rule every builder, the reference and every
+kernel share (see `csrc/omni_attention.h`): for query row ``i`` (absolute position
+``qpos = i + kv_len - q_len``) and key ``j``, with ``qb = i // block_q`` and ``kb = j // block_kv``:
+
+- ``kb`` absent from the active blocks of row ``qb``: not allowed (MASKED);
+- FULL: allowed;  CAUSAL: allowed iff ``qpos >= j``;
+- PARTIAL with a pool index ``p >= 0``: bit ``j % block_kv`` of row ``i % block_q`` of pattern ``p``;
+- PARTIAL with ``p == -1``: the token rule over per-token ``doc`` and ``grp`` ids,
+  ``doc[qpos] >= 0 and doc[qpos] == doc[j] and ((j <= qpos and qpos - j < window)
+  or (grp[qpos] >= 0 and grp[qpos] == grp[j]))``.
+
+Rows past ``q_len`` and keys past ``kv_len`` are never allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["BlockType", "OmniBlockMask", "token_ids_from_spans"]
+
+BLOCK_SIZES = (64, 128)
+_INT32_MAX = torch.iinfo(torch.int32).max
+_DENSE_CHUNK_ELEMENTS = 1 << 24  # elements of one row chunk when a dense mask is evaluated
+
+
+class BlockType(enum.IntEnum):
+    """What a (Q block, KV block) pair allows; values match `OmniBlockType` in the C header."""
+
+    MASKED = 0
+    FULL = 1
+    CAUSAL = 2
+    PARTIAL = 3
+
+
+_PICTURE = {BlockType.MASKED: ".", BlockType.FULL: "F", BlockType.CAUSAL: "C", BlockType.PARTIAL: "P"}
+
+
+@dataclasses.dataclass(frozen=True)
+class OmniBlockMask:
+    """A block-sparse attention mask with typed blocks.
+
+    Leading dims ``B`` and ``H`` of every list may be 1 and then broadcast over the batch / query heads.
+    ``nQ = ceil(q_len / block_q)``, ``nK = ceil(kv_len / block_kv)``; builders use ``maxK = nK`` and
+    ``maxQ = nQ`` so that shapes never depend on the data.
+
+    Attributes:
+        kv_num_blocks: int32 ``[B, H, nQ]``, active KV blocks of each Q block (row view).
+        kv_indices: int32 ``[B, H, nQ, maxK]``, their indices, ascending; entries past the count are ignored.
+        kv_types: int8 ``[B, H, nQ, maxK]``, the `BlockType` of each entry.
+        kv_partial: int32 ``[B, H, nQ, maxK]``, index into ``partial_pool``, -1 unless a pooled PARTIAL.
+        q_num_blocks, q_indices, q_types, q_partial: the same lists per KV block (column view, for dK/dV).
+        partial_pool: int32 ``[P, block_q, block_kv // 32]``, deduplicated bit patterns of PARTIAL blocks;
+            bit ``j`` of word ``w`` is key ``w * 32 + j`` of the block.
+        q_len, kv_len: query and key lengths.
+        block_q, block_kv: block sizes, 64 or 128 each.
+        doc_ids, group_ids: int32 ``[B, kv_len]`` per-token ids for token-rule PARTIAL blocks, or None.
+        window: sliding window of the token rule's causal part, or None.
+    """
+
+    kv_num_blocks: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_types: torch.Tensor
+    kv_partial: torch.Tensor
+    q_num_blocks: torch.Tensor
+    q_indices: torch.Tensor
+    q_types: torch.Tensor
+    q_partial: torch.Tensor
+    partial_pool: torch.Tensor
+    q_len: int
+    kv_len: int
+    block_q: int = 128
+    block_kv: int = 128
+    doc_ids: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
+    window: int | None = None
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def batch(self) -> int:
+        """Leading batch dim of the lists (1 when the mask broadcasts over the batch)."""
+        return self.kv_num_blocks.shape[0]
+
+    @property
+    def heads(self) -> int:
+        """Leading head dim of the lists (1 when the mask broadcasts over the query heads)."""
+        return self.kv_num_blocks.shape[1]
+
+    @property
+    def num_q_blocks(self) -> int:
+        return self.kv_num_blocks.shape[2]
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.q_num_blocks.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv_num_blocks.device
+
+    # ------------------------------------------------------------------ builders
+
+    @classmethod
+    def causal(
+        cls,
+        q_len: int,
+        kv_len: int | None = None,
+        *,
+        block_q: int = 128,
+        block_kv: int = 128,
+        window: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> OmniBlockMask:
+        """Causal mask with bottom-right alignment (query ``i`` sees keys ``j <= i + kv_len - q_len``).
+
+        With ``window``, keys must also satisfy ``qpos - j < window`` (token rule with one document).
+        """
+        kv_len = q_len if kv_len is None else kv_len
+        _check_sizes(q_len, kv_len, block_q, block_kv)
+        if window is not None:
+            doc_ids = torch.zeros(1, kv_len, dtype=torch.int32, device=device)
+            return cls.from_token_ids(doc_ids, q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
+        pos = _BlockPositions(q_len, kv_len, block_q, block_kv, torch.device(device or "cpu"))
+        types = torch.where(
+            pos.all_after, BlockType.MASKED, torch.where(pos.all_before, BlockType.FULL, BlockType.CAUSAL)
+        ).to(torch.int8)[None, None]
+        return cls._from_block_table(types, None, _empty_pool(block_q, block_kv, types.device), q_len, kv_len,
+                                     block_q, block_kv)
+
+    @classmethod
+    def from_token_ids(
+        cls,
+        doc_ids: torch.Tensor,
+        group_ids: torch.Tensor | None = None,
+        *,
+        q_len: int | None = None,
+        block_q: int = 128,
+        block_kv: int = 128,
+        window: int | None = None,
+    ) -> OmniBlockMask:
+        """Token-rule mask from per-token ids: the VLM fast path, O(S) metadata and no pool.
+
+        Args:
+            doc_ids: int ``[B, kv_len]`` (or ``[kv_len]``): the packed sample of each token, -1 = padding.
+            group_ids: int, same shape: the bidirectional group (image) of each token, -1 = causal text.
+                None means all text.
+            q_len: number of query rows, the last ``q_len`` positions (default ``kv_len``).
+            window: optional sliding window for the causal part (``qpos - j < window``).
+
+        Runs as a handful of vectorised ops on the ids' device with fixed output shapes and no host
+        sync; block summaries (min / max of doc and group per block) classify each block pair.
+        """
+        doc_ids, group_ids = _check_token_ids(doc_ids, group_ids)
+        kv_len = doc_ids.shape[1]
+        q_len = kv_len if q_len is None else q_len
+        _check_sizes(q_len, kv_len, block_q, block_kv)
+        if q_len > kv_len:
+            raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window: expected a positive int or None, got {window!r}")
+        types = _classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
+        return cls._from_block_table(types[:, None], None, _empty_pool(block_q, block_kv, doc_ids.device), q_len,
+                                     kv_len, block_q, block_kv, doc_ids=doc_ids, group_ids=group_ids, window=window)
+
+    @classmethod
+    def from_spans(
+        cls,
+        spans: Sequence[Sequence[tuple[int, int]]],
+        seq_len: int,
+        *,
+        sample_lengths: Sequence[Sequence[int]] | None = None,
+        block_q: int = 128,
+        block_kv: int = 128,
+        device: torch.device | str | None = None,
+    ) -> OmniBlockMask:
+        """Interleaved text / image mask from per-row bidirectional spans.
+
+        Args:
+            spans: for each batch row, sorted non-overlapping ``(start, end)`` token ranges (end
+                exclusive, positions within the row) that attend to each other both ways, e.g. the
+                patch tokens of each image. Everything else is causal text.
+            seq_len: length of every row.
+            sample_lengths: for each row, the lengths of the samples packed into it (they never see each
+                other; what is left of the row is padding). Default: one sample filling the row.
+        """
+        doc_ids, group_ids = token_ids_from_spans(spans, seq_len, sample_lengths)
+        return cls.from_token_ids(torch.from_numpy(doc_ids).to(device), torch.from_numpy(group_ids).to(device),
+                                  block_q=block_q, block_kv=block_kv)
+
+    @classmethod
+    def from_dense(cls, dense: torch.Tensor, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+        """Classify a dense bool mask ``[q_len, kv_len]`` or ``[B|1, H|1, q_len, kv_len]`` (True = allowed).
+
+        Blocks are classified tightest: all allowed -> FULL, exactly the causal triangle -> CAUSAL,
+        none -> absent, anything else -> PARTIAL with its bit pattern in the pool.
+        """
+        if not isinstance(dense, torch.Tensor) or dense.dtype != torch.bool:
+            raise TypeError(f"dense: expected a bool tensor, got {_describe_value(dense)}")
+        if dense.dim() == 2:
+            dense = dense[None, None]
+        if dense.dim() != 4:
+            raise ValueError(f"dense: expected shape [q_len, kv_len] or [B, H, q_len, kv_len], got {tuple(dense.shape)}")
+        batch, heads, q_len, kv_len = dense.shape
+        return cls._from_row_function(lambda start, stop: dense[:, :, start:stop], batch, heads, q_len, kv_len,
+                                      block_q, block_kv, dense.device)
+
+    @classmethod
+    def from_mask_fn(
+        cls,
+        mask_mod: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        q_len: int,
+        kv_len: int | None = None,
+        *,
+        batch: int = 1,
+        heads: int = 1,
+        block_q: int = 128,
+        block_kv: int = 128,
+        device: torch.device | str | None = None,
+    ) -> OmniBlockMask:
+        """Classify a FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` tile row by tile row.
+
+        ``mask_mod`` receives broadcastable int64 index tensors (``q_idx`` is the query row, 0 to
+        ``q_len - 1``, as in FlexAttention) and must return a broadcastable bool tensor. It is evaluated
+        on a few block rows at a time, never on the whole ``q_len x kv_len`` grid at once.
+        """
+        kv_len = q_len if kv_len is None else kv_len
+        device = torch.device(device or "cpu")
+        b = torch.arange(batch, device=device)[:, None, None, None]
+        h = torch.arange(heads, device=device)[None, :, None, None]
+        kv = torch.arange(kv_len, device=device)[None, None, None, :]
+
+        def rows(start: int, stop: int) -> torch.Tensor:
+            q = torch.arange(start, stop, device=device)[None, None, :, None]
+            return torch.as_tensor(mask_mod(b, h, q, kv), device=device).expand(batch, heads, stop - start, kv_len)
+
+        return cls._from_row_function(rows, batch, heads, q_len, kv_len, block_q, block_kv, device)
+
+    @classmethod
+    def from_flex(cls, block_mask, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+        """Convert a `torch.nn.attention.flex_attention.BlockMask` (its exact element-wise semantics:
+        Flex's full blocks allowed, its partial blocks where ``mask_mod`` allows, the rest masked)."""
+        q_len, kv_len = block_mask.seq_lengths
+        flex_q, flex_kv = block_mask.BLOCK_SIZE
+        partial = _flex_block_table(block_mask.kv_num_blocks, block_mask.kv_indices, kv_len, flex_kv)
+        full = (_flex_block_table(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, kv_len, flex_kv)
+                if block_mask.full_kv_num_blocks is not None else torch.zeros_like(partial))
+        batch, heads = partial.shape[:2]
+        device = partial.device
+        b = torch.arange(batch, device=device)[:, None, None, None]
+        h = torch.arange(heads, device=device)[None, :, None, None]
+        kv = torch.arange(kv_len, device=device)[None, None, None, :]
+
+        def rows(start: int, stop: int) -> torch.Tensor:
+            q = torch.arange(start, stop, device=device)[None, None, :, None]
+            qb, kb = q // flex_q, kv // flex_kv
+            allowed = block_mask.mask_mod(b, h, q, kv) & partial[b, h, qb, kb]
+            return (allowed | full[b, h, qb, kb]).expand(batch, heads, stop - start, kv_len)
+
+        return cls._from_row_function(rows, batch, heads, q_len, kv_len, block_q, block_kv, device)
+
+    # ------------------------------------------------------------------ views and conversions
+
+    def allowed(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        """The element rule on broadcastable index tensors (b, h clamp to 0 where the mask broadcasts).
+
+        ``q_idx`` is the query row (0 to ``q_len - 1``), ``kv_idx`` the key; indices must be in range.
+        This is also the ``mask_mod`` of `to_flex`.
+        """
+        types, partial = self.block_table()
+        b = b * (self.batch > 1)
+        h = h * (self.heads > 1)
+        qb, kb = q_idx // self.block_q, kv_idx // self.block_kv
+        kind = types[b, h, qb, kb]
+        qpos = q_idx + (self.kv_len - self.q_len)
+        result = (kind == BlockType.FULL) | ((kind == BlockType.CAUSAL) & (qpos >= kv_idx))
+        is_partial = kind == BlockType.PARTIAL
+        if self.partial_pool.shape[0] > 0:
+            pool_id = partial[b, h, qb, kb]
+            jj = kv_idx % self.block_kv
+            word = self.partial_pool[pool_id.clamp(min=0), q_idx % self.block_q, jj // 32]
+            bit = ((word >> (jj % 32)) & 1).bool()
+            result = result | (is_partial & (pool_id >= 0) & bit)
+        if self.doc_ids is not None:
+            bd = b * (self.doc_ids.shape[0] > 1)
+            qpos_safe = qpos.clamp(min=0)
+            q_doc, k_doc = self.doc_ids[bd, qpos_safe], self.doc_ids[bd, kv_idx]
+            q_grp, k_grp = self.group_ids[bd, qpos_safe], self.group_ids[bd, kv_idx]
+            causal_part = kv_idx <= qpos
+            if self.window is not None:
+                causal_part = causal_part & (qpos - kv_idx < self.window)
+            token = (q_doc >= 0) & (q_doc == k_doc) & (causal_part | ((q_grp >= 0) & (q_grp == k_grp)))
+            result = result | (is_partial & (partial[b, h, qb, kb] < 0) & token)
+        return result
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        """The dense bool mask of query rows ``start:stop``: ``[B, H, stop - start, kv_len]``."""
+        device = self.device
+        b = torch.arange(self.batch, device=device)[:, None, None, None]
+        h = torch.arange(self.heads, device=device)[None, :, None, None]
+        q = torch.arange(start, stop, device=device)[None, None, :, None]
+        kv = torch.arange(self.kv_len, device=device)[None, None, None, :]
+        return self.allowed(b, h, q, kv).expand(self.batch, self.heads, stop - start, self.kv_len)
+
+    def to_dense(self) -> torch.Tensor:
+        """The whole dense bool mask ``[B, H, q_len, kv_len]`` (for tests and small sizes only)."""
+        return self.dense_rows(0, self.q_len)
+
+    def block_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense per-block view: types int8 ``[B, H, nQ, nK]`` and pool ids int32 (-1 where none)."""
+        return _table_from_lists(self.kv_num_blocks, self.kv_indices, self.kv_types, self.kv_partial,
+                                 self.num_kv_blocks)
+
+    def to_flex(self):
+        """Convert to a `torch.nn.attention.flex_attention.BlockMask` with the same element rule.
+
+        FULL blocks become Flex's full blocks, CAUSAL and PARTIAL its partial blocks, whose
+        ``mask_mod`` is `allowed`.
+        """
+        from torch.nn.attention.flex_attention import BlockMask
+
+        types, _ = self.block_table()
+        partial_num, partial_idx = _lists_from_table(((types == BlockType.CAUSAL) | (types == BlockType.PARTIAL)))
+        full_num, full_idx = _lists_from_table(types == BlockType.FULL)
+        return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx,
+                                        BLOCK_SIZE=(self.block_q, self.block_kv), mask_mod=self.allowed,
+                                        seq_lengths=(self.q_len, self.kv_len))
+
+    def describe(self, b: int = 0, h: int = 0) -> str:
+        """A picture of one (batch, head) slice: one line per Q block, one character per KV block
+        (``F`` full, ``C`` causal, ``P`` partial, ``.`` masked), after a summary line."""
+        types, _ = self.block_table()
+        grid = types[min(b, self.batch - 1), min(h, self.heads - 1)].cpu().tolist()
+        counts = {kind: sum(row.count(kind) for row in grid) for kind in BlockType}
+        header = (f"OmniBlockMask q_len={self.q_len} kv_len={self.kv_len} blocks={self.block_q}x{self.block_kv} "
+                  f"B={self.batch} H={self.heads} (showing b={b} h={h}): "
+                  + " ".join(f"{_PICTURE[kind]}={counts[kind]}" for kind in BlockType)
+                  + f" partial_pool={self.partial_pool.shape[0]}")
+        return "\n".join([header] + ["".join(_PICTURE[BlockType(t)] for t in row) for row in grid])
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> OmniBlockMask:
+        """Move every tensor to ``device`` (like `torch.Tensor.to`)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> OmniBlockMask:
+        """Copy every tensor into pinned host memory, for ``to(cuda, non_blocking=True)``."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def validate(self) -> None:
+        """Check the structure and raise ValueError saying what is wrong (syncs with the device)."""
+        _validate(self)
+
+    # ------------------------------------------------------------------ internals
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> OmniBlockMask:
+        changes = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def _from_block_table(cls, types, partial, pool, q_len, kv_len, block_q, block_kv, **token_rule) -> OmniBlockMask:
+        """Build both views from a dense block table: types int8 ``[B, H, nQ, nK]``, pool ids or None."""
+        if partial is None:
+            partial = torch.full(types.shape, -1, dtype=torch.int32, device=types.device)
+        row = _block_lists(types, partial)
+        col = _block_lists(types.transpose(-1, -2), partial.transpose(-1, -2))
+        return cls(*row, *col, pool, q_len, kv_len, block_q, block_kv, **token_rule)
+
+    @classmethod
+    def _from_row_function(cls, rows, batch, heads, q_len, kv_len, block_q, block_kv, device) -> OmniBlockMask:
+        """Classify a dense mask given as ``rows(start, stop) -> bool [B, H, stop - start, kv_len]``,
+        a few block rows at a time."""
+        _check_sizes(q_len, kv_len, block_q, block_kv)
+        nq = -(-q_len // block_q)
+        chunk = max(1, _DENSE_CHUNK_ELEMENTS // max(1, batch * heads * block_q * kv_len))
+        types, patterns = [], []
+        for first in range(0, nq, chunk):
+            start, stop = first * block_q, min((first + chunk) * block_q, q_len)
+            t, p = _classify_dense_rows(rows(start, stop), start, q_len, kv_len, block_q, block_kv)
+            types.append(t)
+            patterns.append(p)
+        types = torch.cat(types, dim=2)
+        pool, pool_ids = _dedupe_patterns(torch.cat(patterns), block_q, block_kv, device)
+        partial = torch.full(types.shape, -1, dtype=torch.int32, device=device)
+        partial[types == BlockType.PARTIAL] = pool_ids
+        return cls._from_block_table(types, partial, pool, q_len, kv_len, block_q, block_kv)
+
+    def _op_args(self) -> tuple[list[torch.Tensor | None], list[int]]:
+        """Flatten into tensors and ints for the custom op (inverse: `_from_op_args`)."""
+        tensors = [getattr(self, name) for name in _TENSOR_FIELDS] + [self.doc_ids, self.group_ids]
+        ints = [self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0]
+        return tensors, ints
+
+    @classmethod
+    def _from_op_args(cls, tensors: Sequence[torch.Tensor | None], ints: Sequence[int]) -> OmniBlockMask:
+        q_len, kv_len, block_q, block_kv, window = ints
+        fields = dict(zip(_TENSOR_FIELDS, tensors))
+        return cls(**fields, q_len=q_len, kv_len=kv_len, block_q=block_q, block_kv=block_kv,
+                   doc_ids=tensors[-2], group_ids=tensors[-1], window=window or None)
+
+
+_TENSOR_FIELDS = ("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices", "q_types",
+                  "q_partial", "partial_pool")
+
+
+# ---------------------------------------------------------------------- block lists
+
+
+def _block_lists(types: torch.Tensor, partial: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Row-view lists from a block table ``[B, H, nRows, nCols]``: num, indices, types, pool ids.
+
+    Fixed shapes (``maxBlocks = nCols``), no host sync: a stable sort brings the active columns first,
+    in ascending order.
+    """
+    active = types != BlockType.MASKED
+    order = torch.sort((~active).to(torch.uint8), dim=-1, stable=True).indices
+    num = active.sum(-1, dtype=torch.int32)
+    return (num, order.to(torch.int32), types.gather(-1, order).contiguous(),
+            partial.gather(-1, order).to(torch.int32).contiguous())
+
+
+def _table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `_block_lists`: types int8 and pool ids int32 ``[B, H, nRows, columns]``."""
+    active = torch.arange(indices.shape[-1], device=indices.device) < num[..., None]
+    column = torch.where(active, indices.long(), columns)  # inactive entries land in a spare column
+    table_types = torch.zeros(*types.shape[:-1], columns + 1, dtype=torch.int8, device=types.device)
+    table_partial = torch.full(table_types.shape, -1, dtype=torch.int32, device=types.device)
+    table_types.scatter_(-1, column, torch.where(active, types, 0).to(torch.int8))
+    table_partial.scatter_(-1, column, torch.where(active, partial, -1).to(torch.int32))
+    return table_types[..., :columns], table_partial[..., :columns]
+
+
+def _lists_from_table(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 counts and ascending indices (active first) of a bool block table ``[B, H, nR, nC]``."""
+    order = torch.sort((~active).to(torch.uint8), dim=-1, stable=True).indices
+    return active.sum(-1, dtype=torch.int32), order.to(torch.int32)
+
+
+def _flex_block_table(num: torch.Tensor, indices: torch.Tensor, kv_len: int, block_kv: int) -> torch.Tensor:
+    """bool ``[B, H, nQ, nK]``: which blocks a Flex list marks active."""
+    nk = -(-kv_len // block_kv)
+    active = torch.arange(indices.shape[-1], device=indices.device) < num[..., None]
+    column = torch.where(active, indices.long(), nk).clamp(max=nk)
+    table = torch.zeros(*indices.shape[:-1], nk + 1, dtype=torch.bool, device=indices.device)
+    table.scatter_(-1, column, active)
+    return table[..., :nk]
+
+
+# ---------------------------------------------------------------------- dense classification
+
+
+def _classify_dense_rows(dense, start, q_len, kv_len, block_q, block_kv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Classify the blocks of dense rows ``start:start+R`` (``start`` a multiple of ``block_q``).
+
+    Args:
+        dense: bool ``[B, H, R, kv_len]``.
+    Returns:
+        types int8 ``[B, H, ceil(R / block_q), nK]`` and the bool patterns ``[n, block_q, block_kv]`` of
+        the PARTIAL blocks in row-major block order.
+    """
+    batch, heads, rows, _ = dense.shape
+    nq, nk = -(-rows // block_q), -(-kv_len // block_kv)
+    padded = torch.zeros(batch, heads, nq * block_q, nk * block_kv, dtype=torch.bool, device=dense.device)
+    padded[:, :, :rows, :kv_len] = dense
+    tiles = padded.view(batch, heads, nq, block_q, nk, block_kv).transpose(3, 4)
+    row = torch.arange(start, start + nq * block_q, device=dense.device).view(nq, 1, block_q, 1)
+    col = torch.arange(nk * block_kv, device=dense.device).view(1, nk, 1, block_kv)
+    valid = (row < q_len) & (col < kv_len)
+    causal = valid & (row + (kv_len - q_len) >= col)
+    allowed = tiles.sum((-1, -2))
+    is_full = allowed == valid.sum((-1, -2))
+    is_causal = (tiles == causal).all(-1).all(-1)
+    types = torch.where(allowed == 0, BlockType.MASKED,
+                        torch.where(is_full, BlockType.FULL,
+                                    torch.where(is_causal, BlockType.CAUSAL, BlockType.PARTIAL))).to(torch.int8)
+    return types, tiles[types == BlockType.PARTIAL]
+
+
+def _empty_pool(block_q: int, block_kv: int, device) -> torch.Tensor:
+    return torch.zeros(0, block_q, block_kv // 32, dtype=torch.int32, device=device)
+
+
+def _dedupe_patterns(patterns: torch.Tensor, block_q, block_kv, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bit-pack bool patterns ``[n, block_q, block_kv]`` and deduplicate them.
+
+    Returns the pool int32 ``[P, block_q, block_kv // 32]`` and each pattern's pool id int32 ``[n]``.
+    """
+    if patterns.shape[0] == 0:
+        return _empty_pool(block_q, block_kv, device), torch.zeros(0, dtype=torch.int32, device=device)
+    bits = patterns.view(-1, block_q, block_kv // 32, 32).to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64, device=patterns.device) << torch.arange(32, device=patterns.device)
+    weights[31] = -(1 << 31)  # two's complement: bit 31 is the sign bit of an int32 word
+    words = (bits * weights).sum(-1).to(torch.int32)
+    pool, inverse = torch.unique(words.view(words.shape[0], -1), dim=0, return_inverse=True)
+    return pool.view(-1, block_q, block_kv // 32).contiguous(), inverse.to(torch.int32)
+
+
+# ---------------------------------------------------------------------- token rule classification
+
+
+class _BlockPositions:
+    """Absolute first / last positions of every Q block and KV block, as broadcastable ``[nQ, nK]``
+    comparisons (query positions bottom-right aligned)."""
+
+    def __init__(self, q_len: int, kv_len: int, block_q: int, block_kv: int, device: torch.device):
+        offset = kv_len - q_len
+        q_start = torch.arange(0, q_len, block_q, device=device)
+        k_start = torch.arange(0, kv_len, block_kv, device=device)
+        self.q_first = (q_start + offset)[:, None]
+        self.q_last = ((q_start + block_q).clamp(max=q_len) - 1 + offset)[:, None]
+        self.k_first = k_start[None, :]
+        self.k_last = ((k_start + block_kv).clamp(max=kv_len) - 1)[None, :]
+        self.all_before = self.k_last <= self.q_first  # every key at or before every query
+        self.all_after = self.k_first > self.q_last  # every key after every query
+
+
+class _TokenSummary:
+    """Per-block summaries of doc / group ids over the in-range tokens: ``[B, nBlocks]`` each."""
+
+    def __init__(self, doc: torch.Tensor, grp: torch.Tensor, block: int):
+        batch, length = doc.shape
+        n = -(-length // block)
+        pad = n * block - length
+        doc = torch.nn.functional.pad(doc, (0, pad), value=-1).view(batch, n, block)
+        grp = torch.nn.functional.pad(grp, (0, pad), value=-1).view(batch, n, block)
+        in_range = (torch.arange(n * block, device=doc.device) < length).view(n, block)
+        real = in_range & (doc >= 0)
+        image = real & (grp >= 0)
+        self.doc_min = torch.where(real, doc, _INT32_MAX).amin(-1)
+        self.doc_max = torch.where(real, doc, -1).amax(-1)
+        self.has_padding = (in_range & (doc < 0)).any(-1)
+        self.grp_min = torch.where(image, grp, _INT32_MAX).amin(-1)
+        self.grp_max = torch.where(image, grp, -1).amax(-1)
+        self.has_text = (real & (grp < 0)).any(-1)
+
+    def pair(self, name: str, axis: int) -> torch.Tensor:
+        """A summary as ``[B, n, 1]`` (axis 1, query blocks) or ``[B, 1, n]`` (axis 2, key blocks)."""
+        return getattr(self, name).unsqueeze(3 - axis)
+
+
+def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.Tensor:
+    """int8 block types ``[B, nQ, nK]`` of the token rule, from block summaries (nothing S x S).
+
+    Sound: FULL and CAUSAL are claimed only where they hold for every in-range pair, MASKED only
+    where no pair is allowed; the rest is PARTIAL and the kernel applies the token rule there.
+    """
+    kv_len = doc.shape[1]
+    pos = _BlockPositions(q_len, kv_len, block_q, block_kv, doc.device)
+    qs = _TokenSummary(doc[:, kv_len - q_len:], grp[:, kv_len - q_len:], block_q)
+    ks = _TokenSummary(doc, grp, block_kv)
+
+    def q(name):
+        return qs.pair(name, 1)
+
+    def k(name):
+        return ks.pair(name, 2)
+
+    docs_overlap = (q("doc_max") >= 0) & (k("doc_max") >= 0) & (q("doc_min") <= k("doc_max")) & (
+        k("doc_min") <= q("doc_max"))
+    groups_overlap = (q("grp_max") >= 0) & (k("grp_max") >= 0) & (q("grp_min") <= k("grp_max")) & (
+        k("grp_min") <= q("grp_max"))
+    one_doc = ((q("doc_min") == q("doc_max")) & (k("doc_min") == k("doc_max")) & (q("doc_min") == k("doc_min"))
+               & ~q("has_padding") & ~k("has_padding"))
+    one_group = ((q("grp_min") == q("grp_max")) & (k("grp_min") == k("grp_max")) & (q("grp_min") == k("grp_min"))
+                 & ~q("has_text") & ~k("has_text"))
+    if window is None:
+        window_holds, window_fails = True, False
+    else:
+        window_holds = pos.q_last - pos.k_first < window  # every pair inside the window
+        window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
+    causal_none = pos.all_after | window_fails
+    masked = ~docs_overlap | (causal_none & ~groups_overlap)
+    full = one_doc & ((pos.all_before & window_holds) | one_group)
+    causal = one_doc & window_holds & ~groups_overlap
+    return torch.where(masked, BlockType.MASKED,
+                       torch.where(full, BlockType.FULL,
+                                   torch.where(causal, BlockType.CAUSAL, BlockType.PARTIAL))).to(torch.int8)
+
+
+def token_ids_from_spans(
+    spans: Sequence[Sequence[tuple[int, int]]],
+    seq_len: int,
+    sample_lengths: Sequence[Sequence[int]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token ids of the token rule from per-row spans (see `OmniBlockMask.from_spans`).
+
+    Returns:
+        doc_ids, group_ids: int32 ``[len(spans), seq_len]``. ``doc`` numbers the packed samples of a
+        row from 0 (-1 = padding); ``grp`` numbers the spans of a row from 0 (-1 = causal text).
+    """
+    rows = len(spans)
+    if sample_lengths is None:
+        sample_lengths = [[seq_len]] * rows
+    if len(sample_lengths) != rows:
+        raise ValueError(f"sample_lengths: expected one list per row ({rows}), got {len(sample_lengths)}")
+    doc_ids = np.full((rows, seq_len), -1, dtype=np.int32)
+    group_ids = np.full((rows, seq_len), -1, dtype=np.int32)
+    for row, (row_spans, lengths) in enumerate(zip(spans, sample_lengths)):
+        bounds = np.cumsum([0, *lengths])
+        if min(lengths, default=1) < 1 or bounds[-1] > seq_len:
+            raise ValueError(f"sample_lengths[{row}]: expected positive lengths summing to at most "
+                             f"seq_len={seq_len}, got {list(lengths)}")
+        doc_ids[row, :bounds[-1]] = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+        if len(row_spans) == 0:
+            continue
+        span_array = _check_spans(np.asarray(row_spans, dtype=np.int64).reshape(-1, 2), bounds, row)
+        marks = np.zeros(seq_len + 1, dtype=np.int64)
+        ids = np.arange(1, len(span_array) + 1)
+        np.add.at(marks, span_array[:, 0], ids)
+        np.add.at(marks, span_array[:, 1], -ids)
+        group_ids[row] = np.cumsum(marks[:-1]) - 1
+    return doc_ids, group_ids
+
+
+def _check_spans(spans: np.ndarray, bounds: np.ndarray, row: int) -> np.ndarray:
+    """Spans ``[n, 2]`` must be non-empty, sorted, disjoint and each inside one sample of ``bounds``."""
+    start, end = spans[:, 0], spans[:, 1]
+    if (start < 0).any() or (end > bounds[-1]).any() or (end <= start).any():
+        raise ValueError(f"spans[{row}]: expected 0 <= start < end <= {bounds[-1]} (the row's tokens), "
+                         f"got {spans.tolist()}")
+    if (start[1:] < end[:-1]).any():
+        raise ValueError(f"spans[{row}]: expected sorted, non-overlapping spans, got {spans.tolist()}")
+    sample_of_start = np.searchsorted(bounds, start, side="right")
+    sample_of_last = np.searchsorted(bounds, end - 1, side="right")
+    if (sample_of_start != sample_of_last).any():
+        raise ValueError(f"spans[{row}]: a span crosses a packed-sample boundary {bounds.tolist()}: {spans.tolist()}")
+    return spans
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def _check_sizes(q_len: int, kv_len: int, block_q: int, block_kv: int) -> None:
+    for name, value in (("q_len", q_len), ("kv_len", kv_len)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    for name, value in (("block_q", block_q), ("block_kv", block_kv)):
+        if value not in BLOCK_SIZES:
+            raise ValueError(f"{name}: expected one of {BLOCK_SIZES}, got {value!r}")
+
+
+def _check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise to int32 ``[B, kv_len]`` tensors on one device; group_ids None -> all text."""
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
+        raise TypeError(f"doc_ids: expected an integer tensor, got {_describe_value(doc_ids)}")
+    if doc_ids.dim() == 1:
+        doc_ids = doc_ids[None]
+    if doc_ids.dim() != 2 or doc_ids.shape[1] == 0:
+        raise ValueError(f"doc_ids: expected shape [B, kv_len] or [kv_len], got {tuple(doc_ids.shape)}")
+    if group_ids is None:
+        group_ids = torch.full_like(doc_ids, -1)
+    if not isinstance(group_ids, torch.Tensor) or group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+        raise TypeError(f"group_ids: expected an integer tensor or None, got {_describe_value(group_ids)}")
+    if group_ids.dim() == 1:
+        group_ids = group_ids[None]
+    if group_ids.shape != doc_ids.shape:
+        raise ValueError(f"group_ids: expected the shape of doc_ids {tuple(doc_ids.shape)}, got {tuple(group_ids.shape)}")
+    if group_ids.device != doc_ids.device:
+        raise ValueError(f"group_ids: expected device {doc_ids.device} (that of doc_ids), got {group_ids.device}")
+    return doc_ids.to(torch.int32).contiguous(), group_ids.to(torch.int32).contiguous()
+
+
+def _describe_value(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of dtype {value.dtype} and shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _validate(m: OmniBlockMask) -> None:
+    """All structural checks of `OmniBlockMask.validate`."""
+    _check_sizes(m.q_len, m.kv_len, m.block_q, m.block_kv)
+    nq, nk = -(-m.q_len // m.block_q), -(-m.kv_len // m.block_kv)
+    pool_size = m.partial_pool.shape[0]
+    expected_pool = (pool_size, m.block_q, m.block_kv // 32)
+    if tuple(m.partial_pool.shape) != expected_pool or m.partial_pool.dtype != torch.int32:
+        raise ValueError(f"partial_pool: expected int32 of shape {expected_pool}, got "
+                         f"{_describe_value(m.partial_pool)}")
+    for prefix, rows, cols in (("kv", nq, nk), ("q", nk, nq)):
+        num, idx, types, partial = (getattr(m, f"{prefix}_{name}")
+                                    for name in ("num_blocks", "indices", "types", "partial"))
+        _validate_lists(prefix, num, idx, types, partial, m.batch, m.heads, rows, cols, pool_size)
+    row_types, row_partial = m.block_table()
+    col_types, col_partial = _table_from_lists(m.q_num_blocks, m.q_indices, m.q_types, m.q_partial, nq)
+    if not (torch.equal(row_types, col_types.transpose(-1, -2))
+            and torch.equal(row_partial, col_partial.transpose(-1, -2))):
+        raise ValueError("q_indices / q_types / q_partial: the column view does not list the same blocks, types "
+                         "and pool ids as the row view")
+    token_partial = (row_types == BlockType.PARTIAL) & (row_partial < 0)
+    if bool(token_partial.any()):
+        if m.doc_ids is None or m.group_ids is None:
+            raise ValueError("doc_ids / group_ids: PARTIAL blocks with pool id -1 use the token rule, which needs "
+                             "both id tensors, got None")
+        for name in ("doc_ids", "group_ids"):
+            ids = getattr(m, name)
+            if ids.dim() != 2 or ids.shape[1] != m.kv_len or ids.shape[0] not in (1, m.batch) or ids.dtype != torch.int32:
+                raise ValueError(f"{name}: expected int32 [{m.batch} or 1, kv_len={m.kv_len}], got {_describe_value(ids)}")
+        if m.q_len > m.kv_len:
+            raise ValueError(f"q_len: the token rule needs q_len <= kv_len={m.kv_len}, got {m.q_len}")
+
+
+def _validate_lists(prefix, num, idx, types, partial, batch, heads, rows, cols, pool_size) -> None:
+    """Shapes, dtypes, ranges and ordering of one view's block lists."""
+    if tuple(num.shape) != (batch, heads, rows) or num.dtype != torch.int32:
+        raise ValueError(f"{prefix}_num_blocks: expected int32 of shape {(batch, heads, rows)}, got {_describe_value(num)}")
+    max_blocks = idx.shape[-1] if idx.dim() == 4 else -1
+    for name, tensor, dtype in (("indices", idx, torch.int32), ("types", types, torch.int8),
+                                ("partial", partial, torch.int32)):
+        if tuple(tensor.shape) != (batch, heads, rows, max_blocks) or tensor.dtype != dtype:
+            raise ValueError(f"{prefix}_{name}: expected {dtype} of shape {(batch, heads, rows, 'maxBlocks')}, "
+                             f"got {_describe_value(tensor)}")
+    if bool(((num < 0) | (num > max_blocks)).any()):
+        raise ValueError(f"{prefix}_num_blocks: expected counts in [0, {max_blocks}], got min {int(num.min())} "
+                         f"max {int(num.max())}")
+    active = torch.arange(max_blocks, device=num.device) < num[..., None]
+    if bool((active & ((idx < 0) | (idx >= cols))).any()):
+        raise ValueError(f"{prefix}_indices: expected active indices in [0, {cols})")
+    if bool((active[..., 1:] & (idx[..., 1:] <= idx[..., :-1])).any()):
+        raise ValueError(f"{prefix}_indices: expected strictly ascending active indices")
+    valid_type = (types == BlockType.FULL) | (types == BlockType.CAUSAL) | (types == BlockType.PARTIAL)
+    if bool((active & ~valid_type).any()):
+        raise ValueError(f"{prefix}_types: expected FULL, CAUSAL or PARTIAL ({int(BlockType.FULL)}, "
+                         f"{int(BlockType.CAUSAL)}, {int(BlockType.PARTIAL)}) for every active block")
+    pooled = active & (types == BlockType.PARTIAL)
+    if bool((pooled & ((partial < -1) | (partial >= pool_size))).any()):
+        raise ValueError(f"{prefix}_partial: expected pool ids in [-1, {pool_size}) for PARTIAL blocks")
+    if bool((active & (types != BlockType.PARTIAL) & (partial != -1)).any()):
+        raise ValueError(f"{prefix}_partial: expected -1 for blocks that are not PARTIAL")

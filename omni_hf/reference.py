@@ -1,0 +1,146 @@
+"""Exact attention in PyTorch: the oracle of every test and the CPU path of `omni_attention`.
+
+Scores and softmax run in float32 (float64 for float64 inputs), chunked over query rows so memory stays
+at ``chunk x kv_len`` per head: S = 16k runs on a CPU. GQA shares each K/V head among its query heads
+by a view, never a copy. A query row with no allowed key gives output 0, LSE = -inf and zero gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mask import OmniBlockMask
+
+__all__ = ["attention_forward", "attention_backward"]
+
+_CHUNK_ELEMENTS = 1 << 24  # score elements of one query-row chunk
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: OmniBlockMask | torch.Tensor,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention.
+
+    Args:
+        q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]`` with ``Hq % Hkv == 0``; any float dtype and strides.
+        mask: an `OmniBlockMask`, or a dense bool ``[B|1, Hq|1, Sq, Skv]`` (True = allowed).
+        scale: multiplies ``q.k`` (default ``D ** -0.5``); softcap: ``s -> softcap * tanh(s / softcap)``.
+    Returns:
+        out ``[B, Hq, Sq, D]`` in q's dtype and lse float32 ``[B, Hq, Sq]`` (natural log, -inf on empty rows).
+    """
+    scale = _scale(q, scale)
+    batch, heads_q, q_len, dim = q.shape
+    out = torch.empty(batch, heads_q, q_len, dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
+    acc, heads_kv = _accumulation_dtype(q), k.shape[1]
+    kf, vf = _grouped(k, acc), _grouped(v, acc)
+    for start, stop in _chunks(q, k):
+        allowed = _mask_rows(mask, start, stop, heads_kv)
+        s, _ = _scores(_grouped_q(q, heads_kv, start, stop, acc), kf, scale, softcap)
+        s = s.masked_fill(~allowed, float("-inf"))
+        row_max = s.amax(-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
+        e = torch.exp(s - row_max)
+        total = e.sum(-1, keepdim=True)
+        p = e / torch.where(total > 0, total, 1.0)
+        out[:, :, start:stop] = _ungroup(p @ vf).to(q.dtype)
+        lse[:, :, start:stop] = _ungroup((row_max + torch.log(total)).squeeze(-1)).float()
+    return out, lse
+
+
+def attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: OmniBlockMask | torch.Tensor,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `attention_forward` from its saved ``out`` and ``lse`` (the kernels' recipe).
+
+    Args:
+        dout: ``[B, Hq, Sq, D]``; the others as in `attention_forward` and its outputs.
+    Returns:
+        dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]`` (summed over each group's query heads),
+        in the dtypes of q, k, v.
+    """
+    scale = _scale(q, scale)
+    acc, heads_kv = _accumulation_dtype(q), k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    kf, vf = _grouped(k, acc), _grouped(v, acc)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(kf)
+    for start, stop in _chunks(q, k):
+        allowed = _mask_rows(mask, start, stop, heads_kv)
+        qc, doc, oc, row_lse = (_grouped_q(x, heads_kv, start, stop, acc) for x in (q, dout, out, lse[..., None]))
+        s, tanh = _scores(qc, kf, scale, softcap)
+        live = allowed & torch.isfinite(row_lse)
+        p = torch.where(live, torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)), 0.0)
+        dv += (p.transpose(-1, -2) @ doc).sum(2, keepdim=True)
+        dp = doc @ vf.transpose(-1, -2)
+        ds = p * (dp - (doc * oc).sum(-1, keepdim=True))
+        if tanh is not None:
+            ds = ds * (1 - tanh * tanh)
+        dq[:, :, start:stop] = _ungroup(ds @ kf * scale).to(q.dtype)
+        dk += (ds.transpose(-1, -2) @ qc).sum(2, keepdim=True) * scale
+    return dq, dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype)
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def _accumulation_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _chunks(q: torch.Tensor, k: torch.Tensor):
+    """Query-row ranges whose score block holds at most `_CHUNK_ELEMENTS` elements."""
+    batch, heads, q_len, _ = q.shape
+    rows = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * k.shape[2]))
+    for start in range(0, q_len, rows):
+        yield start, min(start + rows, q_len)
+
+
+def _grouped(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V ``[B, Hkv, Skv, D]`` as ``[B, Hkv, 1, Skv, D]`` in ``dtype``."""
+    return kv.to(dtype)[:, :, None]
+
+
+def _grouped_q(x: torch.Tensor, heads_kv: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``start:stop`` of a query-side tensor ``[B, Hq, Sq, X]`` as ``[B, Hkv, G, rows, X]`` in ``dtype``."""
+    batch, heads_q = x.shape[:2]
+    return x[:, :, start:stop].to(dtype).reshape(batch, heads_kv, heads_q // heads_kv, stop - start, x.shape[-1])
+
+
+def _ungroup(x: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, G, ...]`` -> ``[B, Hq, ...]``."""
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def _scores(qc, kf, scale, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[B, Hkv, G, rows, Skv]`` and, with softcap, the tanh needed by the backward."""
+    s = (qc @ kf.transpose(-1, -2)) * scale
+    if not softcap:
+        return s, None
+    tanh = torch.tanh(s / softcap)
+    return softcap * tanh, tanh
+
+
+def _mask_rows(mask: OmniBlockMask | torch.Tensor, start: int, stop: int, heads_kv: int) -> torch.Tensor:
+    """bool mask rows ``start:stop`` as ``[B|1, Hkv|1, G|1, rows, Skv]`` (broadcast against the scores)."""
+    rows = mask.dense_rows(start, stop) if isinstance(mask, OmniBlockMask) else mask[..., start:stop, :]
+    if rows.dim() == 2:
+        rows = rows[None, None]
+    batch, heads = rows.shape[:2]
+    if heads == 1:
+        return rows[:, :, None]
+    return rows.reshape(batch, heads_kv, heads // heads_kv, *rows.shape[2:])
