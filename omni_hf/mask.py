@@ -268,37 +268,41 @@ class OmniBlockMask:
 
     # ------------------------------------------------------------------ views and conversions
 
-    def allowed(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        """The element rule on broadcastable index tensors (b, h clamp to 0 where the mask broadcasts).
+    def mask_mod(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The element rule as a FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool``.
 
-        ``q_idx`` is the query row (0 to ``q_len - 1``), ``kv_idx`` the key; indices must be in range.
-        This is also the ``mask_mod`` of `to_flex`.
+        Takes broadcastable int index tensors (``q_idx`` is the query row, 0 to ``q_len - 1``), all in
+        range; ``b`` and ``h`` are clamped to 0 where the mask broadcasts. Used by `dense_rows` and `to_flex`.
         """
         types, partial = self.block_table()
-        b = b * (self.batch > 1)
-        h = h * (self.heads > 1)
-        qb, kb = q_idx // self.block_q, kv_idx // self.block_kv
-        kind = types[b, h, qb, kb]
-        qpos = q_idx + (self.kv_len - self.q_len)
-        result = (kind == BlockType.FULL) | ((kind == BlockType.CAUSAL) & (qpos >= kv_idx))
-        is_partial = kind == BlockType.PARTIAL
-        if self.partial_pool.shape[0] > 0:
-            pool_id = partial[b, h, qb, kb]
-            jj = kv_idx % self.block_kv
-            word = self.partial_pool[pool_id.clamp(min=0), q_idx % self.block_q, jj // 32]
-            bit = ((word >> (jj % 32)) & 1).bool()
-            result = result | (is_partial & (pool_id >= 0) & bit)
-        if self.doc_ids is not None:
-            bd = b * (self.doc_ids.shape[0] > 1)
-            qpos_safe = qpos.clamp(min=0)
-            q_doc, k_doc = self.doc_ids[bd, qpos_safe], self.doc_ids[bd, kv_idx]
-            q_grp, k_grp = self.group_ids[bd, qpos_safe], self.group_ids[bd, kv_idx]
-            causal_part = kv_idx <= qpos
-            if self.window is not None:
-                causal_part = causal_part & (qpos - kv_idx < self.window)
-            token = (q_doc >= 0) & (q_doc == k_doc) & (causal_part | ((q_grp >= 0) & (q_grp == k_grp)))
-            result = result | (is_partial & (partial[b, h, qb, kb] < 0) & token)
-        return result
+        pool, doc, grp = self.partial_pool, self.doc_ids, self.group_ids
+        batch, heads, offset, window = self.batch, self.heads, self.kv_len - self.q_len, self.window
+        block_q, block_kv = self.block_q, self.block_kv
+        full, causal, partial_type = int(BlockType.FULL), int(BlockType.CAUSAL), int(BlockType.PARTIAL)  # plain ints:
+        # under vmap, a tensor compared with an IntEnum gives a Python bool
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            b, h = b * (batch > 1), h * (heads > 1)
+            qb, kb = q_idx // block_q, kv_idx // block_kv
+            kind, pool_id = types[b, h, qb, kb], partial[b, h, qb, kb]
+            qpos = q_idx + offset
+            result = (kind == full) | ((kind == causal) & (qpos >= kv_idx))
+            is_partial = kind == partial_type
+            if pool.shape[0] > 0:
+                jj = kv_idx % block_kv
+                word = pool[pool_id.clamp(min=0), q_idx % block_q, jj // 32]
+                result = result | (is_partial & (pool_id >= 0) & ((word >> (jj % 32)) & 1).bool())
+            if doc is not None:
+                bd, qpos_safe = b * (doc.shape[0] > 1), qpos.clamp(min=0)
+                q_doc, q_grp = doc[bd, qpos_safe], grp[bd, qpos_safe]
+                near = kv_idx <= qpos
+                if window is not None:
+                    near = near & (qpos - kv_idx < window)
+                token = (q_doc >= 0) & (q_doc == doc[bd, kv_idx]) & (near | ((q_grp >= 0) & (q_grp == grp[bd, kv_idx])))
+                result = result | (is_partial & (pool_id < 0) & token)
+            return result
+
+        return mask_mod
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """The dense bool mask of query rows ``start:stop``: ``[B, H, stop - start, kv_len]``."""
@@ -307,7 +311,7 @@ class OmniBlockMask:
         h = torch.arange(self.heads, device=device)[None, :, None, None]
         q = torch.arange(start, stop, device=device)[None, None, :, None]
         kv = torch.arange(self.kv_len, device=device)[None, None, None, :]
-        return self.allowed(b, h, q, kv).expand(self.batch, self.heads, stop - start, self.kv_len)
+        return self.mask_mod()(b, h, q, kv).expand(self.batch, self.heads, stop - start, self.kv_len)
 
     def to_dense(self) -> torch.Tensor:
         """The whole dense bool mask ``[B, H, q_len, kv_len]`` (for tests and small sizes only)."""
@@ -322,7 +326,7 @@ class OmniBlockMask:
         """Convert to a `torch.nn.attention.flex_attention.BlockMask` with the same element rule.
 
         FULL blocks become Flex's full blocks, CAUSAL and PARTIAL its partial blocks, whose
-        ``mask_mod`` is `allowed`.
+        ``mask_mod`` is `mask_mod`.
         """
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -330,7 +334,7 @@ class OmniBlockMask:
         partial_num, partial_idx = _lists_from_table(((types == BlockType.CAUSAL) | (types == BlockType.PARTIAL)))
         full_num, full_idx = _lists_from_table(types == BlockType.FULL)
         return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx,
-                                        BLOCK_SIZE=(self.block_q, self.block_kv), mask_mod=self.allowed,
+                                        BLOCK_SIZE=(self.block_q, self.block_kv), mask_mod=self.mask_mod(),
                                         seq_lengths=(self.q_len, self.kv_len))
 
     def describe(self, b: int = 0, h: int = 0) -> str:

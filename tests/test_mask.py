@@ -1,0 +1,354 @@
+"""OmniBlockMask: every builder against a brute-force evaluation of its own definition."""
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from brute_force import causal_dense, spans_dense, token_rule_dense
+from omni_hf import BlockType, OmniBlockMask, token_ids_from_spans
+
+SETTINGS = settings(max_examples=40, deadline=None)
+block_sizes = st.sampled_from([64, 128])
+
+
+@st.composite
+def lengths(draw, max_len=400):
+    """(q_len, kv_len) with q_len <= kv_len, often not multiples of a block."""
+    kv_len = draw(st.integers(1, max_len))
+    q_len = draw(st.one_of(st.just(kv_len), st.just(1), st.integers(1, kv_len)))
+    return q_len, kv_len
+
+
+@st.composite
+def token_ids(draw, max_len=400):
+    """Random packed documents (some padding) with random image spans: int32 [B, S] doc and group ids."""
+    batch = draw(st.integers(1, 2))
+    seq_len = draw(st.integers(1, max_len))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    docs, groups = [], []
+    for _ in range(batch):
+        cuts = torch.randint(0, seq_len + 1, (draw(st.integers(0, 4)),), generator=gen).sort().values.tolist()
+        doc = torch.empty(seq_len, dtype=torch.int32)
+        for index, (a, b) in enumerate(zip([0, *cuts], [*cuts, seq_len])):
+            doc[a:b] = index
+        doc[seq_len - int(torch.randint(0, seq_len // 3 + 1, (), generator=gen)):] = -1  # tail padding
+        grp = torch.full((seq_len,), -1, dtype=torch.int32)
+        for group in range(draw(st.integers(0, 5))):
+            a = int(torch.randint(0, seq_len, (), generator=gen))
+            b = min(seq_len, a + int(torch.randint(1, 200, (), generator=gen)))
+            grp[a:b] = group
+        docs.append(doc)
+        groups.append(grp)
+    return torch.stack(docs), torch.stack(groups)
+
+
+def block_types_by_definition(dense: torch.Tensor, block_q: int, block_kv: int) -> torch.Tensor:
+    """The tightest type of every block of a dense [B, H, Sq, Skv] mask, block by block in Python."""
+    batch, heads, q_len, kv_len = dense.shape
+    causal = causal_dense(q_len, kv_len)
+    nq, nk = -(-q_len // block_q), -(-kv_len // block_kv)
+    types = torch.empty(batch, heads, nq, nk, dtype=torch.int8)
+    for qb in range(nq):
+        for kb in range(nk):
+            rows, cols = slice(qb * block_q, (qb + 1) * block_q), slice(kb * block_kv, (kb + 1) * block_kv)
+            tile, tri = dense[:, :, rows, cols], causal[rows, cols]
+            for b in range(batch):
+                for h in range(heads):
+                    t = tile[b, h]
+                    kind = (BlockType.MASKED if not t.any() else BlockType.FULL if t.all()
+                            else BlockType.CAUSAL if torch.equal(t, tri) else BlockType.PARTIAL)
+                    types[b, h, qb, kb] = kind
+    return types
+
+
+def random_block_mixture(batch, heads, q_len, kv_len, block_q, block_kv, gen) -> torch.Tensor:
+    """Dense mask drawn block by block as empty / full / causal triangle / random pattern."""
+    dense = torch.zeros(batch, heads, q_len, kv_len, dtype=torch.bool)
+    causal = causal_dense(q_len, kv_len)
+    for qb in range(-(-q_len // block_q)):
+        for kb in range(-(-kv_len // block_kv)):
+            rows, cols = slice(qb * block_q, (qb + 1) * block_q), slice(kb * block_kv, (kb + 1) * block_kv)
+            kind = int(torch.randint(0, 4, (), generator=gen))
+            shape = dense[:, :, rows, cols].shape
+            dense[:, :, rows, cols] = [torch.zeros(shape, dtype=torch.bool), torch.ones(shape, dtype=torch.bool),
+                                       causal[rows, cols].expand(shape),
+                                       torch.rand(shape, generator=gen) < 0.3][kind]
+    return dense
+
+
+# ---------------------------------------------------------------------- builders vs definitions
+
+
+@SETTINGS
+@given(lengths(), block_sizes, block_sizes)
+def test_causal_matches_bottom_right_triangle(sizes, block_q, block_kv):
+    q_len, kv_len = sizes
+    mask = OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv)
+    assert torch.equal(mask.to_dense()[0, 0], causal_dense(q_len, kv_len))
+    mask.validate()
+
+
+@SETTINGS
+@given(lengths(), block_sizes, block_sizes, st.integers(1, 300))
+def test_causal_sliding_window_matches_definition(sizes, block_q, block_kv, window):
+    q_len, kv_len = sizes
+    mask = OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv, window=window)
+    qpos = torch.arange(q_len)[:, None] + kv_len - q_len
+    j = torch.arange(kv_len)[None]
+    assert torch.equal(mask.to_dense()[0, 0], (j <= qpos) & (qpos - j < window))
+
+
+@SETTINGS
+@given(token_ids(), block_sizes, block_sizes, st.data())
+def test_from_token_ids_matches_token_rule(ids, block_q, block_kv, data):
+    doc, grp = ids
+    q_len = data.draw(st.integers(1, doc.shape[1]))
+    window = data.draw(st.one_of(st.none(), st.integers(1, 300)))
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
+    mask.validate()
+    assert torch.equal(mask.to_dense(), token_rule_dense(doc, grp, q_len, window))
+
+
+@SETTINGS
+@given(token_ids(), block_sizes)
+def test_from_token_ids_claims_full_and_causal_only_where_exact(ids, block):
+    """The summary-based classifier may leave a block PARTIAL, but every FULL / CAUSAL / absent claim
+    must equal the tightest classification of the dense mask."""
+    doc, grp = ids
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=block, block_kv=block)
+    claimed, _ = mask.block_table()
+    tight = block_types_by_definition(token_rule_dense(doc, grp, doc.shape[1]), block, block)
+    decided = claimed != BlockType.PARTIAL
+    assert torch.equal(claimed[decided], tight[decided])
+
+
+@SETTINGS
+@given(lengths(max_len=300), block_sizes, block_sizes, st.integers(1, 2), st.integers(1, 2), st.integers(0, 2**31 - 1))
+def test_from_dense_classifies_tightest_and_round_trips(sizes, block_q, block_kv, batch, heads, seed):
+    q_len, kv_len = sizes
+    dense = random_block_mixture(batch, heads, q_len, kv_len, block_q, block_kv, torch.Generator().manual_seed(seed))
+    mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
+    mask.validate()
+    assert torch.equal(mask.to_dense(), dense)
+    types, pool_ids = mask.block_table()
+    assert torch.equal(types, block_types_by_definition(dense, block_q, block_kv))
+    assert mask.partial_pool.shape[0] == torch.unique(pool_ids[types == BlockType.PARTIAL]).numel()
+    again = OmniBlockMask.from_dense(mask.to_dense(), block_q=block_q, block_kv=block_kv)
+    assert torch.equal(again.to_dense(), dense)
+
+
+def test_from_dense_deduplicates_identical_partial_blocks():
+    pattern = torch.rand(64, 64, generator=torch.Generator().manual_seed(0)) < 0.5
+    dense = pattern.repeat(3, 3)  # nine identical partial blocks
+    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    assert mask.partial_pool.shape[0] == 1
+    assert int(mask.kv_num_blocks.sum()) == 9
+    assert torch.equal(mask.to_dense()[0, 0], dense)
+
+
+@SETTINGS
+@given(lengths(max_len=300), block_sizes, block_sizes, st.integers(1, 64))
+def test_from_mask_fn_matches_mask_mod(sizes, block_q, block_kv, period):
+    q_len, kv_len = sizes
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return ((q_idx // period) == (kv_idx // period)) | ((kv_idx + h) % 3 == b)
+
+    mask = OmniBlockMask.from_mask_fn(mask_mod, q_len, kv_len, batch=2, heads=3, block_q=block_q, block_kv=block_kv)
+    b, h = torch.arange(2)[:, None, None, None], torch.arange(3)[None, :, None, None]
+    q, kv = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
+    assert torch.equal(mask.to_dense(), mask_mod(b, h, q, kv))
+
+
+def test_from_mask_fn_evaluates_tile_rows_not_the_whole_grid(monkeypatch):
+    import omni_hf.mask as mask_module
+
+    monkeypatch.setattr(mask_module, "_DENSE_CHUNK_ELEMENTS", 128 * 1000)
+    seen = []
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        seen.append(q_idx.numel())
+        return q_idx >= kv_idx
+
+    mask = OmniBlockMask.from_mask_fn(mask_mod, 1000, 1000)
+    assert max(seen) <= 128 and len(seen) == 8
+    assert torch.equal(mask.to_dense()[0, 0], causal_dense(1000, 1000))
+
+
+@st.composite
+def packed_rows(draw):
+    """Rows of packed samples with sorted image spans inside each sample."""
+    seq_len = draw(st.integers(8, 300))
+    spans, samples = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        lengths, row_spans, start = [], [], 0
+        while start < seq_len and draw(st.booleans()):
+            length = draw(st.integers(1, seq_len - start))
+            cursor = start
+            while cursor < start + length - 1 and draw(st.booleans()):
+                a = draw(st.integers(cursor, start + length - 1))
+                b = draw(st.integers(a + 1, start + length))
+                row_spans.append((a, b))
+                cursor = b
+            lengths.append(length)
+            start += length
+        spans.append(row_spans)
+        samples.append(lengths or [seq_len])
+    return spans, seq_len, samples
+
+
+@SETTINGS
+@given(packed_rows(), block_sizes)
+def test_from_spans_matches_spans_definition(rows, block):
+    spans, seq_len, samples = rows
+    mask = OmniBlockMask.from_spans(spans, seq_len, sample_lengths=samples, block_q=block, block_kv=block)
+    assert torch.equal(mask.to_dense(), spans_dense(spans, seq_len, samples))
+
+
+@pytest.mark.parametrize("spans, samples, message", [
+    ([[(5, 3)]], None, "start < end"),
+    ([[(0, 30)]], None, "start < end"),
+    ([[(4, 8), (6, 10)]], None, "non-overlapping"),
+    ([[(6, 10), (0, 4)]], None, "non-overlapping"),
+    ([[(8, 12)]], [[10, 10]], "crosses"),
+    ([[]], [[15, 10]], "sample_lengths"),
+])
+def test_from_spans_rejects_bad_spans(spans, samples, message):
+    with pytest.raises(ValueError, match=message):
+        token_ids_from_spans(spans, 20, samples)
+
+
+# ---------------------------------------------------------------------- broadcasting, views, conversions
+
+
+def test_batch_and_head_broadcast_equals_expanded_mask():
+    gen = torch.Generator().manual_seed(1)
+    dense = random_block_mixture(1, 1, 200, 200, 64, 64, gen)
+    small = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    expanded = OmniBlockMask.from_dense(dense.expand(3, 4, -1, -1).clone(), block_q=64, block_kv=64)
+    assert small.batch == 1 and small.heads == 1 and expanded.batch == 3 and expanded.heads == 4
+    assert torch.equal(small.to_dense().expand(3, 4, -1, -1), expanded.to_dense())
+
+
+def test_column_view_lists_the_same_blocks_as_the_row_view():
+    dense = random_block_mixture(2, 1, 300, 250, 128, 64, torch.Generator().manual_seed(2))
+    mask = OmniBlockMask.from_dense(dense, block_q=128, block_kv=64)
+    row_types, _ = mask.block_table()
+    for b in range(2):
+        for kb in range(mask.num_kv_blocks):
+            count = int(mask.q_num_blocks[b, 0, kb])
+            listed = mask.q_indices[b, 0, kb, :count].tolist()
+            assert listed == sorted(listed)
+            assert listed == torch.nonzero(row_types[b, 0, :, kb] != BlockType.MASKED).flatten().tolist()
+            assert mask.q_types[b, 0, kb, :count].tolist() == row_types[b, 0, listed, kb].tolist()
+
+
+def test_token_ids_shapes_depend_only_on_sizes():
+    """Fixed output shapes: different contents of the same size give identically shaped masks."""
+    a = OmniBlockMask.from_token_ids(torch.zeros(1, 1000, dtype=torch.int32))
+    doc = torch.arange(1000, dtype=torch.int32)[None] // 100
+    b = OmniBlockMask.from_token_ids(doc, doc % 3 - 1)
+    for field in dataclasses.fields(a):
+        value = getattr(a, field.name)
+        if isinstance(value, torch.Tensor):
+            assert value.shape == getattr(b, field.name).shape, field.name
+
+
+def test_describe_draws_the_causal_picture():
+    text = OmniBlockMask.causal(256, 256, block_q=64, block_kv=64).describe()
+    header, *rows = text.splitlines()
+    assert rows == ["C...", "FC..", "FFC.", "FFFC"]
+    assert "F=6" in header and "C=4" in header and ".=6" in header
+
+
+def test_to_and_pin_memory_keep_the_mask():
+    mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 50]), torch.tensor([[-1] * 20 + [0] * 60 + [-1] * 70]),
+                                        block_q=64, block_kv=64)
+    moved = mask.to("cpu", non_blocking=True)
+    assert torch.equal(moved.to_dense(), mask.to_dense())
+    if torch.cuda.is_available():
+        pinned = mask.pin_memory()
+        assert pinned.kv_indices.is_pinned() and torch.equal(pinned.to_dense(), mask.to_dense())
+
+
+def test_flex_round_trip_keeps_the_element_rule():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    doc = torch.tensor([[0] * 150 + [1] * 100 + [-1] * 20], dtype=torch.int32)
+    grp = torch.tensor([[-1] * 30 + [0] * 70 + [-1] * 80 + [1] * 40 + [-1] * 50], dtype=torch.int32)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128)
+    block_mask = mask.to_flex()
+    back = OmniBlockMask.from_flex(block_mask, block_q=64, block_kv=64)
+    assert torch.equal(back.to_dense(), token_rule_dense(doc, grp, 270))
+    q, k, v = (torch.randn(1, 2, 270, 16) for _ in range(3))
+    out = flex.flex_attention(q, k, v, block_mask=block_mask)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=token_rule_dense(doc, grp, 270))
+    live = token_rule_dense(doc, grp, 270).any(-1)[..., None].expand_as(out)
+    torch.testing.assert_close(out[live], expected[live], rtol=1e-5, atol=1e-5)
+
+
+def test_from_flex_matches_create_block_mask_semantics():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((q_idx - kv_idx) % 7 != 3)
+
+    block_mask = flex.create_block_mask(mask_mod, None, None, 300, 300, device="cpu")
+    mask = OmniBlockMask.from_flex(block_mask)
+    q, kv = torch.arange(300)[:, None], torch.arange(300)[None]
+    assert torch.equal(mask.to_dense()[0, 0], mask_mod(0, 0, q, kv))
+
+
+# ---------------------------------------------------------------------- validate
+
+
+def corrupt(mask: OmniBlockMask, **changes) -> OmniBlockMask:
+    return dataclasses.replace(mask, **changes)
+
+
+def test_validate_reports_each_broken_invariant():
+    dense = random_block_mixture(1, 1, 256, 256, 64, 64, torch.Generator().manual_seed(3))
+    dense[0, 0, :64, :64] = torch.rand(64, 64, generator=torch.Generator().manual_seed(4)) < 0.5  # one pooled block
+    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask.validate()
+    row = int(torch.nonzero(mask.kv_num_blocks[0, 0] >= 2)[0])
+    bad_index = mask.kv_indices.clone()
+    bad_index[0, 0, row, 0] = 99
+    with pytest.raises(ValueError, match="kv_indices: expected active indices in"):
+        corrupt(mask, kv_indices=bad_index).validate()
+    swapped = mask.kv_indices.clone()
+    swapped[0, 0, row, :2] = swapped[0, 0, row, :2].flip(0)
+    with pytest.raises(ValueError, match="ascending"):
+        corrupt(mask, kv_indices=swapped).validate()
+    with pytest.raises(ValueError, match="kv_num_blocks: expected counts"):
+        corrupt(mask, kv_num_blocks=mask.kv_num_blocks + 10).validate()
+    bad_pool = torch.where(mask.kv_types == BlockType.PARTIAL, 7, mask.kv_partial)
+    with pytest.raises(ValueError, match="kv_partial: expected pool ids"):
+        corrupt(mask, kv_partial=bad_pool).validate()
+    with pytest.raises(ValueError, match="column view"):
+        corrupt(mask, q_types=torch.where(mask.q_types == BlockType.FULL, BlockType.CAUSAL, mask.q_types).to(torch.int8)).validate()
+    token_mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 100]), torch.tensor([[-1] * 50 + [0] * 100 + [-1] * 50]),
+                                              block_q=64, block_kv=64)
+    with pytest.raises(ValueError, match="token rule"):
+        corrupt(token_mask, doc_ids=None).validate()
+    with pytest.raises(ValueError, match="partial_pool"):
+        corrupt(mask, partial_pool=mask.partial_pool[:, :32]).validate()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: OmniBlockMask.causal(0), "q_len: expected a positive int"),
+    (lambda: OmniBlockMask.causal(100, block_q=32), "block_q: expected one of"),
+    (lambda: OmniBlockMask.causal(100, block_kv=256), "block_kv: expected one of"),
+    (lambda: OmniBlockMask.from_token_ids(torch.zeros(2, 10)), "doc_ids: expected an integer tensor"),
+    (lambda: OmniBlockMask.from_token_ids(torch.zeros(2, 10, dtype=torch.int32), torch.zeros(2, 9, dtype=torch.int32)),
+     "group_ids: expected the shape"),
+    (lambda: OmniBlockMask.from_token_ids(torch.zeros(1, 10, dtype=torch.int32), q_len=11), "q_len: expected at most"),
+    (lambda: OmniBlockMask.from_token_ids(torch.zeros(1, 10, dtype=torch.int32), window=0), "window: expected"),
+    (lambda: OmniBlockMask.from_dense(torch.ones(3, 4)), "dense: expected a bool tensor"),
+    (lambda: OmniBlockMask.from_dense(torch.ones(2, 3, 4, dtype=torch.bool)), "dense: expected shape"),
+])
+def test_builders_reject_bad_input(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
