@@ -374,10 +374,8 @@ class OmniBlockMask:
     @classmethod
     def _from_block_table(cls, types, partial, pool, q_len, kv_len, block_q, block_kv, **token_rule) -> OmniBlockMask:
         """Build both views from a dense block table: types int8 ``[B, H, nQ, nK]``, pool ids or None."""
-        if partial is None:
-            partial = torch.full(types.shape, -1, dtype=torch.int32, device=types.device)
         row = _block_lists(types, partial)
-        col = _block_lists(types.transpose(-1, -2), partial.transpose(-1, -2))
+        col = _block_lists(types.transpose(-1, -2), None if partial is None else partial.transpose(-1, -2))
         return cls(*row, *col, pool, q_len, kv_len, block_q, block_kv, **token_rule)
 
     @classmethod
@@ -420,17 +418,32 @@ _TENSOR_FIELDS = ("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_nu
 # ---------------------------------------------------------------------- block lists
 
 
-def _block_lists(types: torch.Tensor, partial: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _block_lists(types: torch.Tensor, partial: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Row-view lists from a block table ``[B, H, nRows, nCols]``: num, indices, types, pool ids.
 
-    Fixed shapes (``maxBlocks = nCols``), no host sync: a stable sort brings the active columns first,
-    in ascending order.
+    Fixed shapes (``maxBlocks = nCols``), no host sync: the active columns come first, ascending.
+    ``partial`` None means no pooled blocks (all -1).
     """
-    active = types != BlockType.MASKED
-    order = torch.sort((~active).to(torch.uint8), dim=-1, stable=True).indices
-    num = active.sum(-1, dtype=torch.int32)
-    return (num, order.to(torch.int32), types.gather(-1, order).contiguous(),
-            partial.gather(-1, order).to(torch.int32).contiguous())
+    num, order = _lists_from_table(types != BlockType.MASKED)
+    listed = order.long()
+    pool_ids = (torch.full(order.shape, -1, dtype=torch.int32, device=order.device) if partial is None
+                else partial.gather(-1, listed).to(torch.int32).contiguous())
+    return num, order, types.gather(-1, listed).contiguous(), pool_ids
+
+
+def _lists_from_table(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 counts and column indices, active columns first and ascending, of a bool table ``[..., nC]``.
+
+    A stable partition by cumulative sums (no sort): active column c goes to slot ``#active before c``,
+    inactive ones after all active ones.
+    """
+    active_rank = active.cumsum(-1, dtype=torch.int32)
+    num = active_rank[..., -1:]
+    inactive_rank = torch.arange(1, active.shape[-1] + 1, dtype=torch.int32, device=active.device) - active_rank
+    slot = torch.where(active, active_rank - 1, num + inactive_rank - 1)
+    columns = torch.arange(active.shape[-1], dtype=torch.int32, device=active.device).expand(active.shape)
+    order = torch.empty_like(slot).scatter_(-1, slot.long(), columns)
+    return num.squeeze(-1).contiguous(), order
 
 
 def _table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -442,12 +455,6 @@ def _table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch
     table_types.scatter_(-1, column, torch.where(active, types, 0).to(torch.int8))
     table_partial.scatter_(-1, column, torch.where(active, partial, -1).to(torch.int32))
     return table_types[..., :columns], table_partial[..., :columns]
-
-
-def _lists_from_table(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 counts and ascending indices (active first) of a bool block table ``[B, H, nR, nC]``."""
-    order = torch.sort((~active).to(torch.uint8), dim=-1, stable=True).indices
-    return active.sum(-1, dtype=torch.int32), order.to(torch.int32)
 
 
 def _flex_block_table(num: torch.Tensor, indices: torch.Tensor, kv_len: int, block_kv: int) -> torch.Tensor:
@@ -529,7 +536,11 @@ class _BlockPositions:
 
 
 class _TokenSummary:
-    """Per-block summaries of doc / group ids over the in-range tokens: ``[B, nBlocks]`` each."""
+    """Per-block summaries of doc / group ids over the in-range tokens, each ``[B, nBlocks]``.
+
+    Blocks with no real token have ``doc_min > doc_max`` (and likewise for groups), so range-overlap
+    tests need no extra emptiness check.
+    """
 
     def __init__(self, doc: torch.Tensor, grp: torch.Tensor, block: int):
         batch, length = doc.shape
@@ -538,18 +549,14 @@ class _TokenSummary:
         doc = torch.nn.functional.pad(doc, (0, pad), value=-1).view(batch, n, block)
         grp = torch.nn.functional.pad(grp, (0, pad), value=-1).view(batch, n, block)
         in_range = (torch.arange(n * block, device=doc.device) < length).view(n, block)
-        real = in_range & (doc >= 0)
+        real = doc >= 0
         image = real & (grp >= 0)
         self.doc_min = torch.where(real, doc, _INT32_MAX).amin(-1)
-        self.doc_max = torch.where(real, doc, -1).amax(-1)
-        self.has_padding = (in_range & (doc < 0)).any(-1)
+        self.doc_max = doc.amax(-1)
         self.grp_min = torch.where(image, grp, _INT32_MAX).amin(-1)
         self.grp_max = torch.where(image, grp, -1).amax(-1)
-        self.has_text = (real & (grp < 0)).any(-1)
-
-    def pair(self, name: str, axis: int) -> torch.Tensor:
-        """A summary as ``[B, n, 1]`` (axis 1, query blocks) or ``[B, 1, n]`` (axis 2, key blocks)."""
-        return getattr(self, name).unsqueeze(3 - axis)
+        self.one_doc = (self.doc_min == self.doc_max) & ~(in_range & ~real).any(-1)  # no padding either
+        self.one_group = (self.grp_min == self.grp_max) & ~(real & (grp < 0)).any(-1)  # no text either
 
 
 def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.Tensor:
@@ -564,31 +571,25 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
     ks = _TokenSummary(doc, grp, block_kv)
 
     def q(name):
-        return qs.pair(name, 1)
+        return getattr(qs, name)[:, :, None]
 
     def k(name):
-        return ks.pair(name, 2)
+        return getattr(ks, name)[:, None, :]
 
-    docs_overlap = (q("doc_max") >= 0) & (k("doc_max") >= 0) & (q("doc_min") <= k("doc_max")) & (
-        k("doc_min") <= q("doc_max"))
-    groups_overlap = (q("grp_max") >= 0) & (k("grp_max") >= 0) & (q("grp_min") <= k("grp_max")) & (
-        k("grp_min") <= q("grp_max"))
-    one_doc = ((q("doc_min") == q("doc_max")) & (k("doc_min") == k("doc_max")) & (q("doc_min") == k("doc_min"))
-               & ~q("has_padding") & ~k("has_padding"))
-    one_group = ((q("grp_min") == q("grp_max")) & (k("grp_min") == k("grp_max")) & (q("grp_min") == k("grp_min"))
-                 & ~q("has_text") & ~k("has_text"))
+    docs_overlap = (q("doc_min") <= k("doc_max")) & (k("doc_min") <= q("doc_max"))
+    groups_overlap = (q("grp_min") <= k("grp_max")) & (k("grp_min") <= q("grp_max"))
+    one_doc = q("one_doc") & k("one_doc") & (q("doc_min") == k("doc_min"))
+    one_group = q("one_group") & k("one_group") & (q("grp_min") == k("grp_min"))
     if window is None:
         window_holds, window_fails = True, False
     else:
         window_holds = pos.q_last - pos.k_first < window  # every pair inside the window
         window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
-    causal_none = pos.all_after | window_fails
-    masked = ~docs_overlap | (causal_none & ~groups_overlap)
-    full = one_doc & ((pos.all_before & window_holds) | one_group)
-    causal = one_doc & window_holds & ~groups_overlap
-    return torch.where(masked, BlockType.MASKED,
-                       torch.where(full, BlockType.FULL,
-                                   torch.where(causal, BlockType.CAUSAL, BlockType.PARTIAL))).to(torch.int8)
+    types = torch.full(docs_overlap.shape, BlockType.PARTIAL, dtype=torch.int8, device=doc.device)
+    types.masked_fill_(one_doc & window_holds & ~groups_overlap, BlockType.CAUSAL)
+    types.masked_fill_(one_doc & ((pos.all_before & window_holds) | one_group), BlockType.FULL)
+    types.masked_fill_(~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap), BlockType.MASKED)
+    return types
 
 
 def token_ids_from_spans(

@@ -63,5 +63,5 @@ def naive_attention(q, k, v, allowed, scale, softcap=None):
 
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """||x - ref|| / ||ref|| in float64."""
-    x, ref = x.double(), ref.double()
+    x, ref = x.detach().double(), ref.detach().double()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
