@@ -352,3 +352,22 @@ def test_validate_reports_each_broken_invariant():
 def test_builders_reject_bad_input(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build():
+    doc = torch.arange(5000, dtype=torch.int32)[None] // 1300
+    grp = torch.where((torch.arange(5000) % 1000) > 700, torch.arange(5000) // 1000, -1).int()[None]
+    expected = OmniBlockMask.from_token_ids(doc, grp, q_len=4000, window=2048)
+    doc_gpu, grp_gpu = doc.cuda(), grp.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        mask = OmniBlockMask.from_token_ids(doc_gpu, grp_gpu, q_len=4000, window=2048)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for field in dataclasses.fields(mask):
+        value = getattr(mask, field.name)
+        if isinstance(value, torch.Tensor):
+            assert value.is_cuda and torch.equal(value.cpu(), getattr(expected, field.name)), field.name
