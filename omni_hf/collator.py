@@ -252,7 +252,7 @@ def _prompt_length(sample: Mapping[str, Any], length: int, index: int) -> int:
     value = sample.get("prompt_length")
     if value is None:
         return 0
-    number = value.item() if isinstance(value, (torch.Tensor, np.ndarray)) and value.size == 1 else value
+    number = value.item() if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 else value
     if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or not 0 <= number <= length:
         raise ValueError(f"samples[{index}]['prompt_length']: expected an int in [0, {length}] (the sample's "
                          f"length), got {value!r}")
