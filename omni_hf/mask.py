@@ -40,6 +40,7 @@ class BlockType(enum.IntEnum):
     PARTIAL = 3
 
 
+_FULL, _CAUSAL, _PARTIAL = int(BlockType.FULL), int(BlockType.CAUSAL), int(BlockType.PARTIAL)
 _PICTURE = {BlockType.MASKED: ".", BlockType.FULL: "F", BlockType.CAUSAL: "C", BlockType.PARTIAL: "P"}
 
 
@@ -272,46 +273,52 @@ class OmniBlockMask:
         """The element rule as a FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool``.
 
         Takes broadcastable int index tensors (``q_idx`` is the query row, 0 to ``q_len - 1``), all in
-        range; ``b`` and ``h`` are clamped to 0 where the mask broadcasts. Used by `dense_rows` and `to_flex`.
+        range; ``b`` and ``h`` are clamped to 0 where the mask broadcasts. This is `to_flex`'s mask_mod.
         """
         types, partial = self.block_table()
-        pool, doc, grp = self.partial_pool, self.doc_ids, self.group_ids
-        batch, heads, offset, window = self.batch, self.heads, self.kv_len - self.q_len, self.window
-        block_q, block_kv = self.block_q, self.block_kv
-        full, causal, partial_type = int(BlockType.FULL), int(BlockType.CAUSAL), int(BlockType.PARTIAL)  # plain ints:
-        # under vmap, a tensor compared with an IntEnum gives a Python bool
 
         def mask_mod(b, h, q_idx, kv_idx):
-            b, h = b * (batch > 1), h * (heads > 1)
-            qb, kb = q_idx // block_q, kv_idx // block_kv
-            kind, pool_id = types[b, h, qb, kb], partial[b, h, qb, kb]
-            qpos = q_idx + offset
-            result = (kind == full) | ((kind == causal) & (qpos >= kv_idx))
-            is_partial = kind == partial_type
-            if pool.shape[0] > 0:
-                jj = kv_idx % block_kv
-                word = pool[pool_id.clamp(min=0), q_idx % block_q, jj // 32]
-                result = result | (is_partial & (pool_id >= 0) & ((word >> (jj % 32)) & 1).bool())
-            if doc is not None:
-                bd, qpos_safe = b * (doc.shape[0] > 1), qpos.clamp(min=0)
-                q_doc, q_grp = doc[bd, qpos_safe], grp[bd, qpos_safe]
-                near = kv_idx <= qpos
-                if window is not None:
-                    near = near & (qpos - kv_idx < window)
-                token = (q_doc >= 0) & (q_doc == doc[bd, kv_idx]) & (near | ((q_grp >= 0) & (q_grp == grp[bd, kv_idx])))
-                result = result | (is_partial & (pool_id < 0) & token)
-            return result
+            b, h = b * (self.batch > 1), h * (self.heads > 1)
+            qb, kb = q_idx // self.block_q, kv_idx // self.block_kv
+            return self._rule(types[b, h, qb, kb], partial[b, h, qb, kb], b, q_idx, kv_idx)
 
         return mask_mod
+
+    def _rule(self, kind, pool_id, b, q_idx, kv_idx) -> torch.Tensor:
+        """The element rule given each element's block type and pool id (broadcastable tensors).
+
+        Compares with plain ints: under vmap, a tensor compared with an IntEnum gives a Python bool.
+        """
+        qpos = q_idx + (self.kv_len - self.q_len)
+        result = (kind == _FULL) | ((kind == _CAUSAL) & (qpos >= kv_idx))
+        is_partial = kind == _PARTIAL
+        if self.partial_pool.shape[0] > 0:
+            jj = kv_idx % self.block_kv
+            word = self.partial_pool[pool_id.clamp(min=0), q_idx % self.block_q, jj // 32]
+            result = result | (is_partial & (pool_id >= 0) & ((word >> (jj % 32)) & 1).bool())
+        if self.doc_ids is not None:
+            doc, grp = self.doc_ids, self.group_ids
+            bd, qpos_safe = b * (doc.shape[0] > 1), qpos.clamp(min=0)
+            q_doc, q_grp = doc[bd, qpos_safe], grp[bd, qpos_safe]
+            near = kv_idx <= qpos
+            if self.window is not None:
+                near = near & (qpos - kv_idx < self.window)
+            token = (q_doc >= 0) & (q_doc == doc[bd, kv_idx]) & (near | ((q_grp >= 0) & (q_grp == grp[bd, kv_idx])))
+            result = result | (is_partial & (pool_id < 0) & token)
+        return result
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """The dense bool mask of query rows ``start:stop``: ``[B, H, stop - start, kv_len]``."""
         device = self.device
         b = torch.arange(self.batch, device=device)[:, None, None, None]
-        h = torch.arange(self.heads, device=device)[None, :, None, None]
-        q = torch.arange(start, stop, device=device)[None, None, :, None]
-        kv = torch.arange(self.kv_len, device=device)[None, None, None, :]
-        return self.mask_mod()(b, h, q, kv).expand(self.batch, self.heads, stop - start, self.kv_len)
+        q = torch.arange(start, stop, device=device)
+        kv = torch.arange(self.kv_len, device=device)
+        types, partial = self.block_table()
+        qb, kb = q // self.block_q, kv // self.block_kv
+        kind = types[:, :, qb].index_select(-1, kb)  # [B, H, rows, kv_len]
+        pool_id = partial[:, :, qb].index_select(-1, kb)
+        allowed = self._rule(kind, pool_id, b, q[:, None], kv[None, :])
+        return allowed.expand(self.batch, self.heads, stop - start, self.kv_len)
 
     def to_dense(self) -> torch.Tensor:
         """The whole dense bool mask ``[B, H, q_len, kv_len]`` (for tests and small sizes only)."""

@@ -42,13 +42,12 @@ def attention_forward(
     for start, stop in _chunks(q, k):
         allowed = _mask_rows(mask, start, stop, heads_kv)
         s, _ = _scores(_grouped_q(q, heads_kv, start, stop, acc), kf, scale, softcap)
-        s = s.masked_fill(~allowed, float("-inf"))
+        s = s.masked_fill_(~allowed, float("-inf"))
         row_max = s.amax(-1, keepdim=True)
         row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
-        e = torch.exp(s - row_max)
+        e = torch.exp_(s.sub_(row_max))
         total = e.sum(-1, keepdim=True)
-        p = e / torch.where(total > 0, total, 1.0)
-        out[:, :, start:stop] = _ungroup(p @ vf).to(q.dtype)
+        out[:, :, start:stop] = _ungroup((e @ vf) / torch.where(total > 0, total, 1.0)).to(q.dtype)
         lse[:, :, start:stop] = _ungroup((row_max + torch.log(total)).squeeze(-1)).float()
     return out, lse
 
@@ -128,7 +127,7 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
 
 def _scores(qc, kf, scale, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores ``[B, Hkv, G, rows, Skv]`` and, with softcap, the tanh needed by the backward."""
-    s = (qc @ kf.transpose(-1, -2)) * scale
+    s = (qc * scale) @ kf.transpose(-1, -2)
     if not softcap:
         return s, None
     tanh = torch.tanh(s / softcap)

@@ -101,16 +101,16 @@ def test_low_precision_inputs_keep_their_dtype_and_accumulate_in_float32():
 
 
 def test_sixteen_k_tokens_run_without_an_s_by_s_by_h_buffer():
-    """S = 16k, H = 2 would need 2 GiB for the fp32 scores; the chunked reference stays far below."""
+    """S = 16k needs 1 GiB per head for whole fp32 scores; the chunked reference stays far below."""
     script = textwrap.dedent("""
         import torch
         from omni_hf import OmniBlockMask
         from omni_hf.reference import attention_forward
         torch.manual_seed(0)
-        q, k, v = (torch.randn(1, 2, 16384, 16) for _ in range(3))
+        q, k, v = (torch.randn(1, 1, 16384, 16) for _ in range(3))
         out, lse = attention_forward(q, k, v, OmniBlockMask.causal(16384))
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     """)
     subprocess.run([sys.executable, "-c", script], check=True)
     peak_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    assert peak_bytes < 1.5 * 2**30
+    assert peak_bytes < 2**30
