@@ -157,28 +157,33 @@ class OmniCollator:
     def _tokens(self, samples: list[_Sample], layout: _Layout) -> dict[str, torch.Tensor]:
         """The ``[B, L]`` token tensors: built as streams in output order, then copied row by row."""
         pieces = list(zip(layout.source.tolist(), layout.start.tolist(), layout.length.tolist()))
-        begins = np.cumsum(layout.length) - layout.length  # first token of each output sample in the stream
-        counting = np.arange(layout.length.max())
-        positions = np.concatenate([counting[:n] for _, _, n in pieces])
-        group_ids = _group_stream(samples, layout, begins)
+        counting = np.arange(layout.length.max(), dtype=np.int64)
+        positions = np.concatenate([counting[:n] for _, _, n in pieces])  # within each output sample
+        group_ids = _group_stream(samples, layout)
+        doc_ids = np.arange(len(pieces), dtype=np.int32) - np.searchsorted(layout.row, layout.row).astype(np.int32)
+        streams = {
+            "input_ids": (np.concatenate([samples[s].input_ids[a:a + n] for s, a, n in pieces]), self.pad_token_id),
+            "labels": (self._labels(samples, layout, pieces, positions, group_ids), self.label_ignore_index),
+            "position_ids": (positions, 0),
+            "omni_doc_ids": (np.repeat(doc_ids, layout.length), -1),
+            "omni_group_ids": (group_ids, -1),
+        }
+        if (layout.row_used < layout.width).any():
+            streams["attention_mask"] = (np.ones(len(positions), dtype=np.int64), 0)
+        return {key: _rows(stream, fill, layout) for key, (stream, fill) in streams.items()}
+
+    def _labels(self, samples: list[_Sample], layout: _Layout, pieces: list[tuple[int, int, int]],
+                positions: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
+        """int64 label stream: the samples' labels, ignored on span tokens, on the first token of every
+        output sample and (``train_on_prompt=False``) on prompt tokens."""
         labels = np.concatenate([samples[s].labels[a:a + n] for s, a, n in pieces])
         labels[group_ids >= 0] = self.label_ignore_index
-        labels[begins] = self.label_ignore_index
+        labels[positions == 0] = self.label_ignore_index
         if not self.train_on_prompt:
             prompt = np.array([samples[s].prompt_length for s, _, _ in pieces], dtype=np.int64)
             left = np.clip(prompt - layout.start, 0, layout.length)  # prompt tokens in each output sample
             labels[positions < np.repeat(left, layout.length)] = self.label_ignore_index
-        doc_ids = np.arange(len(pieces)) - np.searchsorted(layout.row, layout.row)
-        streams = {
-            "input_ids": (np.concatenate([samples[s].input_ids[a:a + n] for s, a, n in pieces]), self.pad_token_id),
-            "labels": (labels, self.label_ignore_index),
-            "position_ids": (positions, 0),
-            "omni_doc_ids": (np.repeat(doc_ids.astype(np.int32), layout.length), -1),
-            "omni_group_ids": (group_ids, -1),
-        }
-        if (layout.row_used < layout.width).any():
-            streams["attention_mask"] = (np.ones(len(labels), dtype=np.int64), 0)
-        return {key: _rows(stream, fill, layout) for key, (stream, fill) in streams.items()}
+        return labels
 
 
 class _Sample(NamedTuple):
@@ -189,7 +194,6 @@ class _Sample(NamedTuple):
     spans: np.ndarray  # int64 [k, 2]
     prompt_length: int
     extras: dict[str, torch.Tensor]  # the pass-through values
-    index: int  # position in the batch, for error messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +225,7 @@ def _read_sample(sample: Mapping[str, Any], index: int) -> _Sample:
         raise ValueError(f"samples[{index}]['labels']: expected {len(input_ids)} labels (the length of input_ids), "
                          f"got {len(labels)}")
     return _Sample(input_ids, labels, _spans(sample, index), _prompt_length(sample, len(input_ids), index),
-                   _extras(sample, index), index)
+                   _extras(sample, index))
 
 
 def _int_vector(value: Any, index: int, key: str) -> np.ndarray:
@@ -343,13 +347,14 @@ def _round_up(value: int, multiple: int) -> int:
 # ---------------------------------------------------------------------- token streams
 
 
-def _group_stream(samples: list[_Sample], layout: _Layout, begins: np.ndarray) -> np.ndarray:
+def _group_stream(samples: list[_Sample], layout: _Layout) -> np.ndarray:
     """int32 group id of every token of the output-order stream: spans numbered from 0 along each row,
     -1 on text. Built run by run (text, span, text, span, ..., text) with one ``np.repeat``."""
     spans = [samples[s].spans for s in layout.source.tolist()]  # a split sample has none to shift
     counts = np.array([len(x) for x in spans], dtype=np.int64)
     span_row = np.repeat(layout.row, counts)
     group = np.arange(len(span_row)) - np.searchsorted(span_row, span_row)  # minus the spans of earlier rows
+    begins = np.cumsum(layout.length) - layout.length  # first token of each output sample in the stream
     bounds = np.concatenate([[0], (np.concatenate(spans) + np.repeat(begins, counts)[:, None]).ravel(),
                              [int(layout.length.sum())]])
     values = np.full(2 * len(group) + 1, -1, dtype=np.int32)
