@@ -467,6 +467,17 @@ def test_datasets_map_with_torch_format_collates_like_the_python_samples():
         assert_batches_equal(batch, collate(chunk))
 
 
+def test_accelerate_moves_every_value_of_the_batch_block_mask_included():
+    operations = pytest.importorskip("accelerate.utils.operations")
+    samples = image_samples(4)
+    batch = OmniCollator(PAD, mode="pack", max_length=64, return_block_mask=True)(samples)
+    moved = operations.send_to_device(batch, "meta", non_blocking=True)
+    assert moved.keys() == batch.keys()
+    for key, value in moved.items():
+        tensors = [getattr(value, f.name) for f in dataclasses.fields(value)] if key == "omni_block_mask" else [value]
+        assert all(t.device.type == "meta" for t in tensors if isinstance(t, torch.Tensor)), key
+
+
 def tiny_trainer(tmp_path, remove_unused_columns: bool):
     transformers = pytest.importorskip("transformers")
     datasets = pytest.importorskip("datasets")
