@@ -382,7 +382,8 @@ class OmniBlockMask:
     def _from_block_table(cls, types, partial, pool, q_len, kv_len, block_q, block_kv, **token_rule) -> OmniBlockMask:
         """Build both views from a dense block table: types int8 ``[B, H, nQ, nK]``, pool ids or None."""
         row = _block_lists(types, partial)
-        col = _block_lists(types.transpose(-1, -2), None if partial is None else partial.transpose(-1, -2))
+        col = _block_lists(types.transpose(-1, -2).contiguous(),
+                           None if partial is None else partial.transpose(-1, -2).contiguous())
         return cls(*row, *col, pool, q_len, kv_len, block_q, block_kv, **token_rule)
 
     @classmethod
@@ -441,16 +442,18 @@ def _block_lists(types: torch.Tensor, partial: torch.Tensor | None) -> tuple[tor
 def _lists_from_table(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int32 counts and column indices, active columns first and ascending, of a bool table ``[..., nC]``.
 
-    A stable partition by cumulative sums (no sort): active column c goes to slot ``#active before c``,
-    inactive ones after all active ones.
+    A stable partition by a cumulative sum (no sort): active column c goes to slot ``#active before c``;
+    inactive columns all go to a spare slot ``nC`` that is dropped, so entries past the count are 0.
+    Elementwise ops only with scalars: broadcasting integer ops are slow on the CPU.
     """
-    active_rank = active.cumsum(-1, dtype=torch.int32)
-    num = active_rank[..., -1:]
-    inactive_rank = torch.arange(1, active.shape[-1] + 1, dtype=torch.int32, device=active.device) - active_rank
-    slot = torch.where(active, active_rank - 1, num + inactive_rank - 1)
-    columns = torch.arange(active.shape[-1], dtype=torch.int32, device=active.device).expand(active.shape)
-    order = torch.empty_like(slot).scatter_(-1, slot.long(), columns)
-    return num.squeeze(-1).contiguous(), order
+    columns = active.shape[-1]
+    flag = active.to(torch.int32)
+    rank = flag.cumsum(-1, dtype=torch.int32)  # active columns up to and including c
+    slot = (rank - (columns + 1)) * flag + columns
+    index = torch.arange(columns, dtype=torch.int32, device=active.device).expand(active.shape)
+    order = torch.zeros(*active.shape[:-1], columns + 1, dtype=torch.int32, device=active.device)
+    order.scatter_(-1, slot.long(), index)
+    return rank[..., -1].contiguous(), order[..., :columns].contiguous()
 
 
 def _table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -532,8 +535,8 @@ class _BlockPositions:
 
     def __init__(self, q_len: int, kv_len: int, block_q: int, block_kv: int, device: torch.device):
         offset = kv_len - q_len
-        q_start = torch.arange(0, q_len, block_q, device=device)
-        k_start = torch.arange(0, kv_len, block_kv, device=device)
+        q_start = torch.arange(0, q_len, block_q, dtype=torch.int32, device=device)
+        k_start = torch.arange(0, kv_len, block_kv, dtype=torch.int32, device=device)
         self.q_first = (q_start + offset)[:, None]
         self.q_last = ((q_start + block_q).clamp(max=q_len) - 1 + offset)[:, None]
         self.k_first = k_start[None, :]
@@ -543,27 +546,39 @@ class _BlockPositions:
 
 
 class _TokenSummary:
-    """Per-block summaries of doc / group ids over the in-range tokens, each ``[B, nBlocks]``.
+    """Per-block summaries of doc / group ids, each ``[B, nBlocks]`` int32.
 
-    Blocks with no real token have ``doc_min > doc_max`` (and likewise for groups), so range-overlap
-    tests need no extra emptiness check.
+    ``*_min`` is the least non-negative id of the block (INT32_MAX if none), ``*_max`` the greatest id,
+    so a block with no real token has ``min > max`` and range-overlap tests need no emptiness check;
+    ``*_key`` equals another block's key iff both blocks hold one and the same id >= 0 (see `_id_summary`).
+    Group ids count only on real tokens (``doc >= 0``). The last block's tail repeats its last token,
+    which changes no summary. Written as plain integer ops: ``torch.where`` / ``masked_fill`` are slow
+    on the CPU at these sizes.
     """
 
-    def __init__(self, doc: torch.Tensor, grp: torch.Tensor, block: int):
+    def __init__(self, doc: torch.Tensor, grp: torch.Tensor, block: int, side: int):
         batch, length = doc.shape
         n = -(-length // block)
-        pad = n * block - length
-        doc = torch.nn.functional.pad(doc, (0, pad), value=-1).view(batch, n, block)
-        grp = torch.nn.functional.pad(grp, (0, pad), value=-1).view(batch, n, block)
-        in_range = (torch.arange(n * block, device=doc.device) < length).view(n, block)
-        real = doc >= 0
-        image = real & (grp >= 0)
-        self.doc_min = torch.where(real, doc, _INT32_MAX).amin(-1)
-        self.doc_max = doc.amax(-1)
-        self.grp_min = torch.where(image, grp, _INT32_MAX).amin(-1)
-        self.grp_max = torch.where(image, grp, -1).amax(-1)
-        self.one_doc = (self.doc_min == self.doc_max) & ~(in_range & ~real).any(-1)  # no padding either
-        self.one_group = (self.grp_min == self.grp_max) & ~(real & (grp < 0)).any(-1)  # no text either
+        tail = n * block - length
+        grp = grp | (doc >> 31)  # -1 wherever doc is padding (arithmetic shift of a negative int32)
+        doc, grp = (torch.cat([x, x[:, -1:].expand(batch, tail)], 1).view(batch, n, block) for x in (doc, grp))
+        self.doc_min, self.doc_max, self.doc_key = _id_summary(doc, side)
+        self.grp_min, self.grp_max, self.grp_key = _id_summary(grp, side)
+
+
+def _id_summary(ids: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Least non-negative id, greatest id, and a key that is the block's one id when all its ids are
+    one value >= 0, else a negative number no other block's key equals (``side`` 0 for query blocks,
+    1 for key blocks), so that one comparison of keys tells "both blocks are all this one id".
+
+    ``ids & INT32_MAX`` turns -1 into INT32_MAX, above every real id (int32 throughout: int64
+    reductions are several times slower on the CPU).
+    """
+    least = (ids & _INT32_MAX).amin(-1)
+    greatest = ids.amax(-1)
+    single = (ids.amin(-1) == greatest) & (greatest >= 0)
+    unique = -1 - side - 2 * torch.arange(ids.shape[1], dtype=torch.int32, device=ids.device)
+    return least, greatest, torch.where(single, greatest, unique)
 
 
 def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.Tensor:
@@ -574,8 +589,8 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
     """
     kv_len = doc.shape[1]
     pos = _BlockPositions(q_len, kv_len, block_q, block_kv, doc.device)
-    qs = _TokenSummary(doc[:, kv_len - q_len:], grp[:, kv_len - q_len:], block_q)
-    ks = _TokenSummary(doc, grp, block_kv)
+    qs = _TokenSummary(doc[:, kv_len - q_len:], grp[:, kv_len - q_len:], block_q, side=0)
+    ks = _TokenSummary(doc, grp, block_kv, side=1)
 
     def q(name):
         return getattr(qs, name)[:, :, None]
@@ -585,18 +600,24 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
 
     docs_overlap = (q("doc_min") <= k("doc_max")) & (k("doc_min") <= q("doc_max"))
     groups_overlap = (q("grp_min") <= k("grp_max")) & (k("grp_min") <= q("grp_max"))
-    one_doc = q("one_doc") & k("one_doc") & (q("doc_min") == k("doc_min"))
-    one_group = q("one_group") & k("one_group") & (q("grp_min") == k("grp_min"))
+    one_doc = q("doc_key") == k("doc_key")
+    one_group = q("grp_key") == k("grp_key")
     if window is None:
         window_holds, window_fails = True, False
     else:
         window_holds = pos.q_last - pos.k_first < window  # every pair inside the window
         window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
-    types = torch.full(docs_overlap.shape, BlockType.PARTIAL, dtype=torch.int8, device=doc.device)
-    types.masked_fill_(one_doc & window_holds & ~groups_overlap, BlockType.CAUSAL)
-    types.masked_fill_(one_doc & ((pos.all_before & window_holds) | one_group), BlockType.FULL)
-    types.masked_fill_(~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap), BlockType.MASKED)
-    return types
+    masked = ~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap)
+    full = one_doc & ((pos.all_before & window_holds) | one_group)
+    causal = one_doc & window_holds & ~groups_overlap
+    return _block_type(masked, full, causal)
+
+
+def _block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """int8 types from bool claims, in priority MASKED > FULL > CAUSAL > PARTIAL, by uint8 arithmetic:
+    ``(3 - 2 full - causal + causal full) * not masked`` (uint8 wraps in between, never at the end)."""
+    f, c, m = (x.view(torch.uint8) for x in (full, causal, masked))
+    return ((3 - 2 * f - c + c * f) * (1 - m)).view(torch.int8)
 
 
 def token_ids_from_spans(
