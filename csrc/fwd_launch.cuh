@@ -10,9 +10,9 @@
 
 namespace omni {
 
-// Key-tile width per head dim: 64 keeps D=128 under 255 registers; D=64 affords 128.
-template <int kHeadDim>
-constexpr int kFwdPreferredBlockN = kHeadDim <= 64 ? 128 : 64;
+// 128 x 64 tiles with 4 warps: each warp owns 32 query rows, so every K fragment read from smem feeds two
+// MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers.
+constexpr int kFwdBlockN = 64;
 constexpr int kFwdWarps = 4;
 
 template <class Traits, bool kSoftcap>
@@ -32,12 +32,8 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   return dispatch_block(p.mask.block_q, [&](auto block_m) {
-    return dispatch_block(p.mask.block_kv, [&](auto block_kv) {
-      return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-        constexpr int kBlockN = block_kv() < kFwdPreferredBlockN<kHeadDim> ? block_kv() : kFwdPreferredBlockN<kHeadDim>;
-        using Traits = FwdTraits<Element, kHeadDim, block_m(), kBlockN, kFwdWarps>;
-        return launch_fwd_kernel<Traits, softcap()>(p);
-      });
+    return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
+      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps>, softcap()>(p);
     });
   });
 }

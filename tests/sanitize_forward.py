@@ -1,0 +1,51 @@
+"""Small forward cases for compute-sanitizer (not a pytest module): every tile kind, both block sizes, both
+head dims, tails, q_len = 1, broadcast masks, GQA. Run on a GPU as
+
+    compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
+    compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
+
+and expect "ERROR SUMMARY: 0 errors". Exits non-zero if an output is not finite.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from test_cuda_forward import packed_vlm_ids, random_block_dense  # noqa: E402
+
+from omni_hf import OmniBlockMask, _cuda  # noqa: E402
+
+
+def cases():
+    """(mask, q_len, kv_len, dim, heads_q, heads_kv, dtype, softcap) tuples covering every kernel path."""
+    doc, grp = packed_vlm_ids(2, 333, seed=1)
+    for block_q, block_kv in ((64, 64), (128, 128), (64, 128), (128, 64)):
+        for dim in (64, 128):
+            dense = random_block_dense(1, 2, 200, 333, block_q, block_kv, seed=dim + block_q)
+            yield OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), 200, 333, dim, 2, 1, None
+            yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
+                   150, 333, dim, 4, 2, 10.0)
+    yield OmniBlockMask.causal(1, 333, device="cuda"), 1, 333, 128, 2, 2, None
+
+
+def main() -> int:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16):
+        for mask, q_len, kv_len, dim, heads_q, heads_kv, softcap in cases():
+            q = torch.randn(2, heads_q, q_len, dim, generator=g, device="cuda", dtype=dtype)
+            k = torch.randn(2, heads_kv, kv_len, dim, generator=g, device="cuda", dtype=dtype)
+            v = torch.randn_like(k)
+            out, lse = _cuda.forward(q, k, v, mask, dim ** -0.5, softcap)
+            torch.cuda.synchronize()
+            if not torch.isfinite(out).all() or torch.isnan(lse).any():
+                print(f"non-finite output: {dtype} q_len={q_len} dim={dim} blocks={mask.block_q}x{mask.block_kv}")
+                return 1
+    print("sanitize_forward: all cases ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""GPU tests of the sm_80 forward kernel against the exact PyTorch reference (skipped without CUDA or the
+library). Every test poisons the outputs with NaN before the kernel runs and checks every element."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from omni_hf import OmniBlockMask, _cuda, reference
+
+pytestmark = pytest.mark.skipif(not _cuda.available(), reason="CUDA device or omni_hf CUDA library unavailable")
+
+DTYPES = (torch.float16, torch.bfloat16)
+OUT_TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
+LSE_ATOL = 2e-3
+# tanh.approx.f32 has a relative error of 2^-11, so a capped score s carries up to |s| * 5e-4 of error.
+LSE_ATOL_SOFTCAP = 1e-2
+BLOCKS = ((128, 128), (64, 64), (64, 128), (128, 64))
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    monkeypatch.setattr(_cuda, "poison_outputs", True)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _qkv(batch, heads_q, heads_kv, q_len, kv_len, dim, dtype, seed, bshd=False):
+    """Random q [B, Hq, Sq, D], k, v [B, Hkv, Skv, D]; with bshd, transposed views of [B, S, H, D] storage."""
+    g = _gen(seed)
+
+    def make(heads, length):
+        if bshd:
+            return torch.randn(batch, length, heads, dim, generator=g, device="cuda", dtype=dtype).transpose(1, 2)
+        return torch.randn(batch, heads, length, dim, generator=g, device="cuda", dtype=dtype)
+
+    return make(heads_q, q_len), make(heads_kv, kv_len), make(heads_kv, kv_len)
+
+
+def assert_matches_reference(q, k, v, mask, *, scale=None, softcap=None, ref_mask=None, lse_atol=LSE_ATOL):
+    """Runs the kernel and the reference; checks every element of out and lse."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, lse = _cuda.forward(q, k, v, mask, scale, softcap)
+    ref_out, ref_lse = reference.attention_forward(q, k, v, mask if ref_mask is None else ref_mask, scale, softcap)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert torch.isfinite(out).all(), "the kernel left NaN / inf in out"
+    assert not torch.isnan(lse).any(), "the kernel left NaN in lse"
+    empty = ref_lse == -math.inf
+    assert torch.equal(lse == -math.inf, empty), "empty rows differ"
+    assert (out[empty] == 0).all(), "a row with no allowed key must output exactly 0"
+    err = ((out.float() - ref_out.float()).norm() / ref_out.float().norm()).item()
+    assert err <= OUT_TOL[q.dtype], f"relative error {err:.2e} > {OUT_TOL[q.dtype]:.0e}"
+    torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=lse_atol, rtol=0)
+    return out, lse
+
+
+def random_block_dense(batch, heads, q_len, kv_len, block_q, block_kv, seed) -> torch.Tensor:
+    """Dense bool [batch, heads, q_len, kv_len] drawn per (Q block, KV block) as none / all / the causal
+    triangle (absolute positions, bottom-right aligned) / random bits, so every block type appears."""
+    g = _gen(seed)
+    n_q, n_k = -(-q_len // block_q), -(-kv_len // block_kv)
+    kind = torch.randint(0, 4, (batch, heads, n_q, n_k), generator=g, device="cuda")
+    rows, cols = torch.arange(q_len, device="cuda"), torch.arange(kv_len, device="cuda")
+    kind = kind[:, :, rows // block_q][:, :, :, cols // block_kv]
+    causal = (rows[:, None] + kv_len - q_len) >= cols[None, :]
+    bits = torch.rand(batch, heads, q_len, kv_len, generator=g, device="cuda") < 0.5
+    return (kind == 1) | ((kind == 2) & causal) | ((kind == 3) & bits)
+
+
+def packed_vlm_ids(batch, length, seed, doc_range=(100, 700), text_range=(1, 100), image_range=(30, 200),
+                   padded=True):
+    """doc / group ids int32 [batch, length] of packed interleaved samples: each document alternates text runs
+    and images (one group id each); with `padded`, a random tail of each row is padding (doc -1)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    doc = torch.full((batch, length), -1, dtype=torch.int32)
+    grp = torch.full((batch, length), -1, dtype=torch.int32)
+    for b in range(batch):
+        end_of_row, pos, d, group = length - (rand(0, length // 8) if padded else 0), 0, 0, 0
+        while pos < end_of_row:
+            end = min(pos + rand(*doc_range), end_of_row)
+            doc[b, pos:end] = d
+            p = pos + rand(*text_range)
+            while p < end:
+                img = min(rand(*image_range), end - p)
+                grp[b, p:p + img] = group
+                group += 1
+                p += img + rand(*text_range)
+            pos, d = end, d + 1
+    return doc.cuda(), grp.cuda()
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_mixture_of_every_block_type(dtype, dim, blocks):
+    block_q, block_kv = blocks
+    q_len, kv_len = (1000, 1000) if block_q == block_kv else (700, 1000)
+    dense = random_block_dense(1, 4, q_len, kv_len, block_q, block_kv, seed=dim + block_q + block_kv)
+    mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
+    active = torch.arange(mask.kv_indices.shape[-1], device="cuda") < mask.kv_num_blocks[..., None]
+    types = set(mask.kv_types[active].tolist())
+    assert {1, 2, 3} <= types, f"the draw should hold FULL, CAUSAL and PARTIAL blocks, got {types}"
+    q, k, v = _qkv(2, 4, 2, q_len, kv_len, dim, dtype, seed=1)
+    assert_matches_reference(q, k, v, mask, ref_mask=dense)
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_token_rule_packed_interleaved_documents(dtype, dim, blocks):
+    block_q, block_kv = blocks
+    doc, grp = packed_vlm_ids(2, 1500, seed=dim + block_q)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=block_q, block_kv=block_kv)
+    q, k, v = _qkv(2, 4, 1, 1500, 1500, dim, dtype, seed=2)
+    assert_matches_reference(q, k, v, mask, ref_mask=mask.to_dense())
+
+
+@pytest.mark.parametrize("q_len", (1, 77, 300, 1500))
+def test_token_rule_with_fewer_queries_than_keys(q_len):
+    doc, grp = packed_vlm_ids(2, 1500, seed=q_len, padded=False)  # the last queries must see something
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len)
+    q, k, v = _qkv(2, 2, 2, q_len, 1500, 128, torch.bfloat16, seed=3)
+    assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("window", (1, 100, 700))
+def test_token_rule_with_sliding_window(window):
+    doc, grp = packed_vlm_ids(1, 2000, seed=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, window=window, block_q=64, block_kv=128)
+    q, k, v = _qkv(1, 4, 2, 2000, 2000, 64, torch.float16, seed=4)
+    assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 4100), (17, 17), (129, 129), (1000, 1000), (300, 4100),
+                                          (4100, 4100), (128, 256)])
+def test_causal_lengths_and_bottom_right_alignment(q_len, kv_len):
+    mask = OmniBlockMask.causal(q_len, kv_len, device="cuda")
+    q, k, v = _qkv(1, 2, 1, q_len, kv_len, 128, torch.bfloat16, seed=q_len + kv_len)
+    assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("heads_q,heads_kv", [(2, 2), (8, 2), (8, 1)])
+def test_gqa_ratios(heads_q, heads_kv):
+    doc, grp = packed_vlm_ids(1, 900, seed=heads_q)
+    mask = OmniBlockMask.from_token_ids(doc, grp)
+    q, k, v = _qkv(1, heads_q, heads_kv, 900, 900, 128, torch.float16, seed=5)
+    assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_bshd_inputs_are_read_in_place(dtype):
+    doc, grp = packed_vlm_ids(2, 1100, seed=6)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=64)
+    q, k, v = _qkv(2, 8, 2, 1100, 1100, 64, dtype, seed=6, bshd=True)
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    assert_matches_reference(q, k, v, mask)
+
+
+def test_kv_cache_slice_with_padded_stride():
+    cache = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(7))
+    k, v = cache[:, :1, :2500], cache[:, 1:, :2500]
+    q = torch.randn(1, 4, 40, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(8))
+    assert_matches_reference(q, k, v, OmniBlockMask.causal(40, 2500, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_and_scale(dtype):
+    dense = random_block_dense(1, 1, 600, 600, 128, 128, seed=9)
+    mask = OmniBlockMask.from_dense(dense)
+    q, k, v = _qkv(1, 2, 2, 600, 600, 128, dtype, seed=9)
+    assert_matches_reference(q, k, v, mask, scale=0.3, softcap=15.0, ref_mask=dense, lse_atol=LSE_ATOL_SOFTCAP)
+
+
+def test_fully_masked_rows_output_zero_and_lse_minus_inf():
+    doc, grp = packed_vlm_ids(2, 1000, seed=10)
+    doc[:, 200:260] = -1  # padding inside the rows: these queries see nothing
+    mask = OmniBlockMask.from_token_ids(doc, grp)
+    q, k, v = _qkv(2, 2, 2, 1000, 1000, 64, torch.bfloat16, seed=10)
+    out, lse = assert_matches_reference(q, k, v, mask)
+    assert (lse[:, :, 200:260] == -math.inf).all() and (out[:, :, 200:260] == 0).all()
+
+
+def test_dense_mask_with_empty_rows_and_columns():
+    dense = random_block_dense(1, 2, 500, 800, 64, 64, seed=11)
+    dense[..., 10:90, :] = False
+    dense[..., :, 300:420] = False
+    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    q, k, v = _qkv(1, 2, 1, 500, 800, 128, torch.float16, seed=11)
+    assert_matches_reference(q, k, v, mask, ref_mask=dense)
+
+
+@pytest.mark.parametrize("mask_batch,mask_heads", [(1, 1), (2, 1), (1, 4), (2, 4)])
+def test_mask_broadcast_over_batch_and_heads(mask_batch, mask_heads):
+    dense = random_block_dense(mask_batch, mask_heads, 640, 640, 128, 128, seed=mask_batch * 10 + mask_heads)
+    mask = OmniBlockMask.from_dense(dense)
+    assert (mask.batch, mask.heads) == (mask_batch, mask_heads)
+    q, k, v = _qkv(2, 4, 2, 640, 640, 64, torch.bfloat16, seed=12)
+    assert_matches_reference(q, k, v, mask, ref_mask=dense)
+
+
+def test_token_ids_broadcast_over_the_batch():
+    doc, grp = packed_vlm_ids(1, 1200, seed=13)
+    mask = OmniBlockMask.from_token_ids(doc, grp)
+    q, k, v = _qkv(3, 2, 2, 1200, 1200, 128, torch.bfloat16, seed=13)
+    assert_matches_reference(q, k, v, mask)
+
+
+def test_unsupported_head_dim_is_reported_and_the_library_names_the_check():
+    mask = OmniBlockMask.causal(64, device="cuda")
+    q, k, v = _qkv(1, 1, 1, 64, 64, 96, torch.bfloat16, seed=14)
+    assert "head dim 96" in _cuda.unsupported_reason(q, k, v, mask)
+    with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=96"):
+        _cuda.forward(q, k, v, mask, 0.1, None)
+
+
+def test_misaligned_stride_is_reported_and_rejected():
+    mask = OmniBlockMask.causal(64, device="cuda")
+    storage = torch.randn(1, 1, 64, 136, device="cuda", dtype=torch.float16, generator=_gen(15))
+    q = storage[..., 4:132]  # 8-byte offset: not 16-byte aligned
+    k = v = storage[..., :128]
+    assert "not 16-byte aligned" in _cuda.unsupported_reason(q, k, v, mask)
+    with pytest.raises(RuntimeError, match="omni_fwd failed: pointer or stride"):
+        _cuda.forward(q, k, v, mask, 0.1, None)
