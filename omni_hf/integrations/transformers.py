@@ -168,7 +168,8 @@ def omni_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _layer_mask(module, query, key, mask, sliding_window, is_causal, kwargs) -> tuple[OmniBlockMask, torch.Tensor | None]:
+def _layer_mask(module, query, key, mask, sliding_window, is_causal,
+                kwargs) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """The layer's block mask and, for a static cache, the key order it assumes (see the module docstring)."""
     q_len, kv_len, device = query.shape[2], key.shape[2], query.device
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
@@ -268,9 +269,8 @@ def _causal_or_block_ids(fn: Callable) -> torch.Tensor | None:
     if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _OR_CODE:
         return None
     parts = _closure(fn)["mask_functions"]
-    if len(parts) != 2 or parts[0] is not causal_mask_function or getattr(parts[1], "__code__", None) is not _BLOCKWISE_CODE:
-        return None
-    return _closure(parts[1])["block_sequence_ids"]
+    blocks = len(parts) == 2 and getattr(parts[1], "__code__", None) is _BLOCKWISE_CODE
+    return _closure(parts[1])["block_sequence_ids"] if blocks and parts[0] is causal_mask_function else None
 
 
 def _closure(fn: Callable) -> dict:
