@@ -1,0 +1,255 @@
+"""GPU tests of the CUDA backward (dQ, dK, dV) against the exact reference.
+
+Every case draws fresh random inputs, takes out / lse from the reference forward in the inputs' dtype
+(so the backward is tested on its own), and compares each gradient with the float64 reference by
+||g - gold|| / ||gold||. The bound is derived, not picked: the reference run in the same dtype (fp32
+accumulation, outputs rounded to the dtype) has an error e_ref against float64; the kernel also rounds
+P and dS to the dtype before its tensor-core GEMMs, two more roundings of the same size, so it must stay
+within 4 * e_ref (sqrt(3) for three equal independent roundings, with margin). Gradients the mask makes
+zero by its structure (rows with no allowed key, keys no query of the group sees) must be exactly zero.
+
+Skipped (never failed) without a CUDA device or the library. Run one small case standalone, e.g. under
+compute-sanitizer: ``python tests/test_cuda_backward.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from omni_hf import _cuda, reference
+from omni_hf.mask import OmniBlockMask
+
+pytestmark = pytest.mark.skipif(not _cuda.available(), reason="needs a CUDA device and the omni_hf CUDA library")
+
+ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error (see the module docstring)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def _qkv(batch, heads_q, heads_kv, q_len, kv_len, dim, dtype, *, bshd=False, gen):
+    """Random q, k, v, dout; with bshd, each is a transposed [B, S, H, D] buffer (Transformers' layout)."""
+
+    def rand(heads, length):
+        if bshd:
+            return torch.randn(batch, length, heads, dim, generator=gen, device="cuda").to(dtype).transpose(1, 2)
+        return torch.randn(batch, heads, length, dim, generator=gen, device="cuda").to(dtype)
+
+    return rand(heads_q, q_len), rand(heads_kv, kv_len), rand(heads_kv, kv_len), rand(heads_q, q_len)
+
+
+def _block_mixture(batch, heads, q_len, kv_len, block_q, block_kv, *, gen) -> torch.Tensor:
+    """Dense bool [batch, heads, q_len, kv_len] mask drawn block by block: all, none, causal (bottom-right
+    aligned) or a random pattern, so from_dense yields every block type (FULL, MASKED, CAUSAL, PARTIAL)."""
+    qpos = torch.arange(q_len, device="cuda")[:, None] + (kv_len - q_len)
+    causal = qpos >= torch.arange(kv_len, device="cuda")[None, :]
+    n_q, n_kv = -(-q_len // block_q), -(-kv_len // block_kv)
+    kind = torch.randint(0, 4, (batch, heads, n_q, n_kv), generator=gen, device="cuda")
+    kind = kind.repeat_interleave(block_q, 2)[:, :, :q_len].repeat_interleave(block_kv, 3)[..., :kv_len]
+    noise = torch.rand(batch, heads, q_len, kv_len, generator=gen, device="cuda") < 0.5
+    return torch.where(kind == 0, True, torch.where(kind == 1, False, torch.where(kind == 2, causal, noise)))
+
+
+def _token_ids(batch, kv_len, *, seed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed documents with interleaved images: doc ids (padding -1 at the end) and group ids (-1 = text)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(low, high):
+        return int(torch.randint(low, high, (1,), generator=gen))
+
+    doc = torch.empty(batch, kv_len, dtype=torch.int32)
+    grp = torch.full((batch, kv_len), -1, dtype=torch.int32)
+    group = 0
+    for b in range(batch):
+        start, d = 0, 0
+        while start < kv_len:
+            end = min(start + draw(1, max(2, kv_len // 2)), kv_len)
+            doc[b, start:end] = d
+            img = start + draw(0, 96)
+            while img < end:  # images inside the document, text runs between them
+                size = draw(1, 80)
+                grp[b, img:min(img + size, end)] = group
+                group += 1
+                img += size + draw(1, 96)
+            start, d = end, d + 1
+        pad = draw(0, kv_len // 8 + 1)
+        doc[b, kv_len - pad:] = -1
+    return doc.cuda(), grp.cuda()
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _rel(x: torch.Tensor, gold: torch.Tensor) -> float:
+    return float((x.double() - gold).norm() / gold.norm().clamp_min(1e-300))
+
+
+def _gold_and_reference(dout, q, k, v, mask, scale, softcap):
+    """(float64 gradients, same-dtype reference gradients, out, lse of the same-dtype reference forward)."""
+    up = [t.double() for t in (dout, q, k, v)]
+    out64, lse64 = reference.attention_forward(*up[1:], mask, scale, softcap)
+    gold = reference.attention_backward(up[0], *up[1:], out64, lse64, mask, scale, softcap)
+    out, lse = reference.attention_forward(q, k, v, mask, scale, softcap)
+    ref = reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap)
+    return gold, ref, out, lse
+
+
+def _structural_zeros(mask: OmniBlockMask, batch: int, heads_q: int, heads_kv: int):
+    """Rows of dq with no allowed key, and rows of dk / dv whose key no query of the group sees: their
+    gradients are exactly zero by the mask's structure (a single allowed key also gives a zero gradient
+    mathematically, but only up to rounding)."""
+    dense = mask.to_dense().expand(batch, heads_q, -1, -1)
+    no_key = ~dense.any(-1)
+    no_query = ~dense.unflatten(1, (heads_kv, heads_q // heads_kv)).any(2).any(-2)
+    return no_key, no_query, no_query
+
+
+def _assert_gradients(got, gold, ref, zeros):
+    for name, g, exact, lo, zero in zip(("dq", "dk", "dv"), got, gold, ref, zeros):
+        assert g.shape == exact.shape and g.dtype == lo.dtype, name
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        assert (g[zero] == 0).all(), f"{name}: rows the mask leaves empty are not exactly zero"
+        err, bound = _rel(g, exact), ROUNDINGS_BOUND * _rel(lo, exact)
+        print(f"{name}: relative error {err:.2e}, same-dtype reference {bound / ROUNDINGS_BOUND:.2e}")
+        assert err <= bound, f"{name}: relative error {err:.2e} > {bound:.2e}"
+
+
+def _check(dout, q, k, v, mask, *, scale=None, softcap=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mask = mask.to("cuda")
+    gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, softcap)
+    got = _cuda.backward(dout, q, k, v, out, lse, mask, scale, softcap)
+    _assert_gradients(got, gold, ref, _structural_zeros(mask, q.shape[0], q.shape[1], k.shape[1]))
+
+
+def _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, scale, softcap=None, workspace_bytes=None) -> int:
+    """omni_bwd on caller-owned outputs and a NaN-filled workspace; returns the status code."""
+    lib = _cuda._library()
+    keep = [lse]
+    params = _cuda.OmniBwdParams(fwd=_cuda._fwd_params(q, k, v, out, lse, mask, scale, softcap, keep),
+                                 dout=_cuda._tensor(dout), dq=_cuda._tensor(dq), dk=_cuda._tensor(dk),
+                                 dv=_cuda._tensor(dv))
+    need = lib.omni_bwd_workspace_bytes(ctypes.byref(params))
+    workspace = torch.full((need // 4 + 4,), float("nan"), device="cuda")
+    params.workspace = workspace.data_ptr()
+    params.workspace_bytes = need if workspace_bytes is None else workspace_bytes
+    status = lib.omni_bwd(ctypes.byref(params))
+    torch.cuda.synchronize()
+    return status
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize(
+    "dtype, dim, block_q, block_kv, heads_q, heads_kv, q_len, kv_len, mask_heads",
+    [
+        (torch.bfloat16, 128, 128, 128, 4, 1, 300, 300, "all"),
+        (torch.float16, 128, 64, 128, 8, 1, 200, 333, "one"),
+        (torch.bfloat16, 64, 128, 64, 2, 2, 257, 190, "all"),
+        (torch.float16, 64, 64, 64, 4, 1, 129, 129, "all"),
+        (torch.bfloat16, 128, 64, 64, 8, 2, 64, 700, "one"),
+        (torch.float16, 128, 128, 64, 2, 1, 511, 513, "all"),
+        (torch.bfloat16, 64, 64, 128, 4, 4, 1000, 1000, "one"),
+    ],
+)
+def test_gradients_match_reference_on_random_block_type_mixtures(dtype, dim, block_q, block_kv, heads_q, heads_kv,
+                                                                  q_len, kv_len, mask_heads):
+    gen = torch.Generator("cuda").manual_seed(q_len * 7919 + kv_len)
+    q, k, v, dout = _qkv(2, heads_q, heads_kv, q_len, kv_len, dim, dtype, gen=gen)
+    dense = _block_mixture(2, heads_q if mask_heads == "all" else 1, q_len, kv_len, block_q, block_kv, gen=gen)
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv))
+
+
+@pytest.mark.parametrize("dtype, dim", [(torch.bfloat16, 128), (torch.float16, 64)])
+@pytest.mark.parametrize("window", [None, 100])
+def test_gradients_match_reference_under_the_token_rule(dtype, dim, window):
+    gen = torch.Generator("cuda").manual_seed(11 + (window or 0))
+    q_len = kv_len = 900
+    q, k, v, dout = _qkv(2, 8, 2, q_len, kv_len, dim, dtype, gen=gen)
+    doc, grp = _token_ids(2, kv_len, seed=11 + (window or 0))
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window))
+
+
+def test_token_rule_ids_broadcast_over_the_batch():
+    gen = torch.Generator("cuda").manual_seed(5)
+    q, k, v, dout = _qkv(3, 4, 1, 400, 400, 64, torch.bfloat16, gen=gen)
+    doc, grp = _token_ids(1, 400, seed=5)
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=128))
+
+
+@pytest.mark.parametrize("q_len", [1, 63, 200])
+@pytest.mark.parametrize("block_q, block_kv", [(128, 128), (64, 64)])
+def test_causal_with_fewer_queries_than_keys_is_bottom_right_aligned(q_len, block_q, block_kv):
+    gen = torch.Generator("cuda").manual_seed(q_len)
+    q, k, v, dout = _qkv(1, 4, 4, q_len, 1031, 128, torch.float16, gen=gen)
+    _check(dout, q, k, v, OmniBlockMask.causal(q_len, 1031, block_q=block_q, block_kv=block_kv))
+
+
+@pytest.mark.parametrize("length, dtype, dim", [(4100, torch.bfloat16, 128), (4097, torch.float16, 64)])
+def test_long_sequences_with_tails(length, dtype, dim):
+    gen = torch.Generator("cuda").manual_seed(length)
+    q, k, v, dout = _qkv(1, 2, 1, length, length, dim, dtype, gen=gen)
+    doc, grp = _token_ids(1, length, seed=length)
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128))
+
+
+@pytest.mark.parametrize("softcap", [5.0, 30.0])
+def test_softcap_gradients(softcap):
+    gen = torch.Generator("cuda").manual_seed(int(softcap))
+    q, k, v, dout = _qkv(2, 4, 2, 333, 333, 128, torch.bfloat16, gen=gen)
+    q = (q.float() * 3).to(q.dtype)  # large scores, so the cap bends them
+    dense = _block_mixture(1, 1, 333, 333, 64, 128, gen=gen)
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=64, block_kv=128), scale=0.2, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transposed_bshd_inputs(dtype):
+    gen = torch.Generator("cuda").manual_seed(3)
+    q, k, v, dout = _qkv(2, 8, 2, 259, 259, 128, dtype, bshd=True, gen=gen)
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    _check(dout, q, k, v, OmniBlockMask.causal(259, block_q=64, block_kv=128))
+
+
+def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient():
+    gen = torch.Generator("cuda").manual_seed(17)
+    q, k, v, dout = _qkv(1, 4, 2, 300, 280, 64, torch.bfloat16, gen=gen)
+    dense = torch.rand(1, 4, 300, 280, generator=gen, device="cuda") < 0.3
+    dense[:, :, 40:170] = False  # whole query blocks with no key
+    dense[:, :, :, 200:] = False  # keys nobody sees, including the tail
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=64, block_kv=64))
+
+
+@pytest.mark.parametrize("block_kv", [64, 128])
+def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block_kv):
+    gen = torch.Generator("cuda").manual_seed(block_kv)
+    q, k, v, dout = _qkv(2, 4, 2, 190, 250, 128, torch.bfloat16, gen=gen)
+    mask = OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_q=64,
+                                    block_kv=block_kv).to("cuda")
+    scale = 128**-0.5
+    gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, None)
+    dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v))
+    assert _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, scale) == 0
+    _assert_gradients((dq, dk, dv), gold, ref, _structural_zeros(mask, 2, 4, 2))
+
+
+def test_errors_are_reported_as_status_codes():
+    gen = torch.Generator("cuda").manual_seed(1)
+    q, k, v, dout = _qkv(1, 2, 1, 128, 128, 64, torch.float16, gen=gen)
+    mask = OmniBlockMask.causal(128, block_q=64, block_kv=64, device="cuda")
+    out, lse = reference.attention_forward(q, k, v, mask, 0.125)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    assert _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, 0.125, workspace_bytes=64) == 8  # WORKSPACE
+    odd = torch.empty(1, 2, 128, 68, dtype=q.dtype, device="cuda")[..., :64]  # rows of 68 elements: misaligned
+    assert _backward_into(odd, dk, dv, dout, q, k, v, out, lse, mask, 0.125) == 4  # ALIGNMENT
+    assert "dq" in _cuda._library().omni_last_error_detail().decode()
+
+
+if __name__ == "__main__":  # small cases (every block type, both block sizes, the token rule) for compute-sanitizer
+    for block in (64, 128):
+        test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block)
+    test_token_rule_ids_broadcast_over_the_batch()
+    print("ok")
