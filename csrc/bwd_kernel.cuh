@@ -21,14 +21,12 @@
 #include "fragment.cuh"
 #include "mma.cuh"
 #include "softmax.cuh"
-#include "tile_copy.cuh"
 #include "tile_aux.cuh"
+#include "tile_copy.cuh"
 
 namespace omni::bwd {
 
 using namespace cute;
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Rows row0 .. row0 + kRows - 1 of head h, batch b of a [B, H, S, kCols] tensor, as a gmem tile.
 template <typename Element, int kRows, int kCols>
@@ -46,7 +44,7 @@ __forceinline__ __device__ void cp_async_16(void* smem, const void* gmem) {
 // P = 0 (masked: t = -inf) give 0 rather than NaN.
 __forceinline__ __device__ float dtanh(float t) { return fmaxf(1.f - t * t, 0.f); }
 
-// kSoftcap: s = cap * tanh(scale * S / cap) (the accurate tanh: P must match the reference's lse).
+// kSoftcap: s = cap * tanh(scale * S / cap), with the accurate tanhf so that P matches an exact lse.
 template <typename Kt, bool kSoftcap>
 __global__ void __launch_bounds__(Kt::kNThreads, 1)
     bwd_main_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
@@ -104,9 +102,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
     const int m0 = t.m_block * kBlockM;
     const int rows = f.q_len - m0;
     load_rows<kBlockM>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(f.q, b, t.h, m0)),
-              load_thr.partition_D(sQ(buf)), cQ, rows);
+                       load_thr.partition_D(sQ(buf)), cQ, rows);
     load_rows<kBlockM>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(p.dout, b, t.h, m0)),
-              load_thr.partition_D(sdO(buf)), cQ, rows);
+                       load_thr.partition_D(sdO(buf)), cQ, rows);
     const int64_t ws_row = (int64_t(b) * f.heads_q + t.h) * ws.q_pad + m0;
     constexpr int kVecs = kBlockM / 4;  // 16-byte vectors of one per-row array
     if (tid < kVecs) {
@@ -159,14 +157,16 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   Tensor cS = mma_sdp.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   auto cS_rc = rowcol(cS);
 
-  // Thread 0 walks the column one tile ahead of the loads: tiles[buf] holds the tile computed from
-  // buffer buf, written after every thread has read it as the previous iteration's `next`.
-  auto advance_walk = [&](QTile& slot) {
-    const ColumnWalk<kBlockM> walk(f.mask, b, hkv * group, group, n_block, f.q_len, kv_rows < kBlockN);
-    slot = walk.next(sm.cursor);
+  // Thread 0 walks the column two tiles ahead of the compute: when the iteration of buffer buf starts,
+  // tiles[buf ^ 1] is the next tile (its loads are issued then); after the barrier thread 0 writes the one
+  // after it into tiles[buf], the slot of the current tile, which every thread has read already. The
+  // walk's global reads delay warp 0 only, and only when a new list entry starts.
+  auto column_walk = [&] {
+    return ColumnWalk<kBlockM>(f.mask, b, hkv * group, group, n_block, f.q_len, kv_rows < kBlockN);
   };
+  auto advance_walk = [&](QTile& slot) { slot = column_walk().next(sm.cursor); };
   if (tid == 0) {
-    sm.cursor = {0, 0, 0};
+    sm.cursor = column_walk().start();
     advance_walk(sm.tiles[0]);
     advance_walk(sm.tiles[1]);
   }
@@ -175,9 +175,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   if (cur.valid) {
     // K, V and the keys' token ids join the first tile's cp.async group.
     load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.k, b, hkv, n0)),
-              load_thr.partition_D(sK), cK, kv_rows);
+                       load_thr.partition_D(sK), cK, kv_rows);
     load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.v, b, hkv, n0)),
-              load_thr.partition_D(sV), cK, kv_rows);
+                       load_thr.partition_D(sV), cK, kv_rows);
     stage_ids(Int<kBlockN>{}, sm.k_ids, n0);
     load_q_tile(cur, 0);
 

@@ -2,9 +2,9 @@
 // Included only by inst/bwd_<dtype>_hdim<D>.cu, which instantiate it.
 #pragma once
 #include "bwd_kernel.cuh"
-#include "dispatch.cuh"
 #include "bwd_rows.cuh"
 #include "bwd_run.cuh"
+#include "dispatch.cuh"
 #include "status.cuh"
 
 namespace omni::bwd {

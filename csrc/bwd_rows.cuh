@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
     if (col == 0) {
       const float lse = i < f.q_len ? f.lse[static_cast<int64_t>(bh) * f.q_len + i] : -INFINITY;
       ws.dsum[row] = dot;
-      ws.lse2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+      ws.lse2[row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   }
 }

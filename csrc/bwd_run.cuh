@@ -11,6 +11,7 @@
 namespace omni::bwd {
 
 constexpr int kRowTile = 64;  // query rows per tile in every backward kernel; the workspace pads to it
+constexpr float kLog2e = 1.4426950408889634f;  // lse2 = lse * kLog2e: the kernels exponentiate in base 2
 
 // fp32 scratch of the backward, rows padded to kRowTile so tiles read and write without predicates:
 //   dq_accum [B, Hq, q_pad, D]  dQ / scale summed over the KV blocks (atomics), zeroed by the preprocess

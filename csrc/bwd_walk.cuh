@@ -20,9 +20,12 @@ struct QTile {
   int valid;    // 0 once the walk is over
 };
 
-// Position in the walk: head of the group, entry of that head's list, tile inside the entry's block.
+// Position in the walk, with what was read for it: head g of the group (its list has `count` entries),
+// entry e of that list (block qb, its type and pool entry), tile s of that entry's block next. Tiles of
+// the same entry need no further reads.
 struct WalkCursor {
-  int g, e, s;
+  int g, count, e, s;
+  int qb, type, pool;
 };
 
 template <int kBlockM>
@@ -33,26 +36,39 @@ class ColumnWalk {
       : mask_(mask), b_(b), h_first_(h_first), group_(group), n_block_(n_block),
         tiles_per_block_(mask.block_q / kBlockM), q_tiles_((q_len + kBlockM - 1) / kBlockM), kv_tail_(kv_tail) {}
 
+  // The cursor before the first tile.
+  __device__ WalkCursor start() const { return {0, row(0).count, 0, 0, 0, OMNI_MASKED, -1}; }
+
   // The tile at cursor `at` or the first live one after it, moving `at` past it; valid = 0 at the end.
   __device__ QTile next(WalkCursor& at) const {
-    for (; at.g < group_; ++at.g, at.e = 0) {
-      const BlockRow row = block_row(mask_.q, b_, mask_.heads == 1 ? 0 : h_first_ + at.g, n_block_);
-      for (; at.e < row.count; ++at.e, at.s = 0) {
-        const int qb = row.indices[at.e];
-        const int type = row.types[at.e];
-        const int pool = row.partial[at.e];
-        const int m_block = qb * tiles_per_block_ + at.s;
-        const bool live = qb >= 0 && type != OMNI_MASKED && pool < mask_.num_partial;
+    while (at.g < group_) {
+      if (at.e < at.count) {
+        if (at.s == 0) {
+          const BlockRow r = row(at.g);
+          at.qb = r.indices[at.e];
+          at.type = r.types[at.e];
+          at.pool = r.partial[at.e];
+        }
+        const int m_block = at.qb * tiles_per_block_ + at.s;
+        const bool live = at.qb >= 0 && at.type != OMNI_MASKED && at.pool < mask_.num_partial;
         if (live && at.s < tiles_per_block_ && m_block < q_tiles_) {
           ++at.s;
-          return {h_first_ + at.g, m_block, kind_of(type, pool), pool, (at.s - 1) * kBlockM, 1};
+          return {h_first_ + at.g, m_block, kind_of(at.type, at.pool), at.pool, (at.s - 1) * kBlockM, 1};
         }
+        at.s = 0;
+        ++at.e;
+      } else if (++at.g < group_) {
+        at.count = row(at.g).count;
+        at.e = 0;
       }
     }
     return {0, 0, kTileFull, -1, 0, 0};
   }
 
  private:
+  __device__ BlockRow row(int g) const {
+    return block_row(mask_.q, b_, mask_.heads == 1 ? 0 : h_first_ + g, n_block_);
+  }
   __device__ int kind_of(int type, int pool) const {
     if (type == OMNI_FULL) return kv_tail_ ? kTileColLimit : kTileFull;
     if (type == OMNI_CAUSAL) return kTileCausal;
