@@ -2,8 +2,9 @@
 // its block row. Per tile (FlashAttention-2 order, single K and V buffers):
 //   wait K(t) | issue V(t) | PARTIAL: rule -> bits | S = Q K^T | softcap, mask by kind | wait V(t) |
 //   issue K(t+1) + its mask data | online softmax | O += P V
-// so the next K loads during the softmax and P.V, and V(t) during Q.K^T. Loop-carried scalars are kept few
-// (pointers are recomputed from the __grid_constant__ params) so the accumulators fit in 255 registers.
+// so the next K loads during the softmax and P.V, and V(t) during Q.K^T. Loop-carried scalars are kept few:
+// pointers come from the __grid_constant__ params and per-thread partitions are rebuilt from
+// fresh_thread_idx() inside the loop, so the accumulators keep the registers (thread_index.cuh).
 #pragma once
 #include <cute/tensor.hpp>
 
@@ -13,6 +14,7 @@
 #include "mma.cuh"
 #include "omni_attention.h"
 #include "softmax.cuh"
+#include "thread_index.cuh"
 #include "tile_aux.cuh"
 #include "tile_copy.cuh"
 #include "tile_mask.cuh"
@@ -105,18 +107,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   int* s_q_ids = reinterpret_cast<int*>(smem + Traits::kSmemQIdsOffset);
   int* s_aux = reinterpret_cast<int*>(smem + Traits::kSmemAuxOffset);
 
-  // gmem -> smem partitions, with identity tensors for the row predicates of the tails.
+  // gmem -> smem copies of kRows-row tiles, rows past the ends zero-filled (tile_copy.cuh).
   typename Traits::GmemTiledLoad load_op;
-  auto load_thr = load_op.get_thread_slice(tid);
-  Tensor tKsK = load_thr.partition_D(sK);
-  Tensor tVsV = load_thr.partition_D(sV);
-  Tensor tKVcKV = load_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  auto load_tile = [&](auto rows, const OmniTensor& src, int h_src, int row_start, int row_end, auto& dst) {
+    constexpr int kRows = decltype(rows)::value;
+    auto thr = load_op.get_thread_slice(fresh_thread_idx());
+    auto g = gmem_tile<Element, kRows, kHeadDim>(src, b, h_src, row_start);
+    load_rows<kRows>(load_op, thr.partition_S(g), thr.partition_D(dst),
+                     thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{})), row_end - row_start);
+  };
   auto load_kv = [&](const OmniTensor& src, auto& dst, int col0) {
-    auto g = gmem_tile<Element, kBlockN, kHeadDim>(src, b, h_kv, col0);
-    load_rows<kBlockN>(load_op, load_thr.partition_S(g), dst, tKVcKV, p.kv_len - col0);
+    load_tile(Int<kBlockN>{}, src, h_kv, col0, p.kv_len, dst);
   };
 
-  // MMA fragments and the ldmatrix partitions of smem.
+  // MMA fragments; the ldmatrix partitions of smem and the score coordinates are rebuilt per use.
   typename Traits::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
@@ -124,26 +128,24 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   Tensor tOrVt = thr_mma.partition_fragment_B(sVtPlain);
   Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   clear(acc_o);
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  const auto cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  auto score_coords = [&] { return mma.get_thread_slice(fresh_thread_idx()).partition_C(cS); };
   auto copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma);
   auto copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma);
   auto copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
-  Tensor tSsQ = copy_q.get_thread_slice(tid).partition_S(sQ);
-  Tensor tSsK = copy_k.get_thread_slice(tid).partition_S(sK);
-  Tensor tOsVt = copy_v.get_thread_slice(tid).partition_S(sVt);
+  auto ldsm_src = [](const auto& copy_op, const auto& s) {
+    return copy_op.get_thread_slice(fresh_thread_idx()).partition_S(s);
+  };
 
   // Prologue: Q, the rows' token ids, the first K tile and its mask data.
   KvTile tile{};
   KvEntry next_entry{};
   if (n_tiles > 0) {
-    auto gQ = gmem_tile<Element, kBlockM, kHeadDim>(p.q, b, h, row0);
-    load_rows<kBlockM>(load_op, load_thr.partition_S(gQ), load_thr.partition_D(sQ),
-                       load_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})),
-                       p.q_len - row0);
+    load_tile(Int<kBlockM>{}, p.q, h, row0, p.q_len, sQ);
     stage_token_ids<kBlockM, kNThreads>(s_q_ids, ids_row(p.mask.doc_ids, p.mask.ids_stride_b, b),
                                         ids_row(p.mask.group_ids, p.mask.ids_stride_b, b), qpos0, p.kv_len, tid);
     tile = Walker::decode(walker.fetch(p.mask.kv, p.mask.block_kv, 0), 0, p.mask.block_kv, p.kv_len);
-    load_kv(p.k, tKsK, tile.col0);
+    load_kv(p.k, sK, tile.col0);
     stage_tile_aux<Traits>(s_aux, tile, p, b, tid);
     cp_async_fence();
     if (n_tiles > 1) next_entry = walker.fetch(p.mask.kv, p.mask.block_kv, 1);
@@ -154,23 +156,23 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<0>();
     __syncthreads();  // K(t) and its mask data visible; every warp done with V(t-1)
-    load_kv(p.v, tVsV, tile.col0);
+    load_kv(p.v, sV, tile.col0);
     cp_async_fence();
 
-    FragmentBits<decltype(size(tScS))::value> bits;
-    partial_tile_bits<Traits>(bits, tScS, tile, p, qpos0, s_q_ids, s_aux);
+    FragmentBits<decltype(size(score_coords()))::value> bits;
+    partial_tile_bits<Traits>(bits, score_coords(), tile, p, qpos0, s_q_ids, s_aux);
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, copy_q, copy_k);
+    gemm_ss(acc_s, tSrQ, tSrK, ldsm_src(copy_q, sQ), ldsm_src(copy_k, sK), mma, copy_q, copy_k);
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
-    mask_tile(acc_s, tScS, tile, bits, p, qpos0);
+    mask_tile(acc_s, score_coords(), tile, bits, p, qpos0);
 
     cp_async_wait<0>();
     __syncthreads();  // V(t) visible; every warp done with K(t) and the mask data of tile t
     if (t + 1 < n_tiles) {
       tile = Walker::decode(next_entry, t + 1, p.mask.block_kv, p.kv_len);
-      load_kv(p.k, tKsK, tile.col0);
-      stage_tile_aux<Traits>(s_aux, tile, p, b, tid);
+      load_kv(p.k, sK, tile.col0);
+      stage_tile_aux<Traits>(s_aux, tile, p, b, fresh_thread_idx());
       cp_async_fence();
       if (t + 2 < n_tiles) next_entry = walker.fetch(p.mask.kv, p.mask.block_kv, t + 2);
     }
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
     softmax.update(s_rc, o_rc, scale_log2);
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, copy_v);
+    gemm_rs(acc_o, tOrP, tOrVt, ldsm_src(copy_v, sVt), mma, copy_v);
   }
 
   // Epilogue: normalise, stage O through smem (reusing Q's space), store 16-byte rows and the LSE.

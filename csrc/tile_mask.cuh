@@ -58,24 +58,33 @@ __forceinline__ __device__ void mask_causal(TS& s, const TC& c, int qpos0, int c
 }
 
 // PARTIAL by the token rule: q_ids / k_ids are the staged [doc, grp] ids of the tile's rows / columns.
+// Without a window (window <= 0) the rule is instantiated with the constant 0, which drops its window test.
 template <int kRowsTile, int kColsTile, class Bits, class TC>
 __forceinline__ __device__ void token_bits(Bits& bits, const TC& c, const int* q_ids, const int* k_ids, int qpos0,
                                            int col0, int window) {
-  bits.evaluate([&](int i) {
-    const int ii = get<0>(c(i));
-    const int jj = get<1>(c(i));
-    return token_allowed(q_ids[ii], q_ids[kRowsTile + ii], k_ids[jj], k_ids[kColsTile + jj], qpos0 + ii, col0 + jj,
-                         window);
-  });
+  auto evaluate = [&](auto window_value) {
+    bits.evaluate([&](int i) {
+      const int ii = get<0>(c(i));
+      const int jj = get<1>(c(i));
+      return token_allowed(q_ids[ii], q_ids[kRowsTile + ii], k_ids[jj], k_ids[kColsTile + jj], qpos0 + ii,
+                           col0 + jj, window_value);
+    });
+  };
+  if (window <= 0) {
+    evaluate(0);
+  } else {
+    evaluate(window);
+  }
 }
 
 // PARTIAL from the pool: `staged` is the tile's pool rows as a one-entry pool (tile_aux.cuh); columns at or
-// past col_limit hold no key.
+// past col_limit hold no key. Every staged word is in bounds, so the bit is read unconditionally (`&`, not
+// `&&`): a branch per element would cost more than the load.
 template <class Bits, class TC>
 __forceinline__ __device__ void pool_bits(Bits& bits, const TC& c, const OmniMask& staged, int col_limit) {
   bits.evaluate([&](int i) {
     const int jj = get<1>(c(i));
-    return jj < col_limit && pool_allowed(staged, 0, get<0>(c(i)), jj);
+    return pool_allowed(staged, 0, get<0>(c(i)), jj) & (jj < col_limit);
   });
 }
 
