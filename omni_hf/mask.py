@@ -40,7 +40,9 @@ class BlockType(enum.IntEnum):
     PARTIAL = 3
 
 
-_FULL, _CAUSAL, _PARTIAL = int(BlockType.FULL), int(BlockType.CAUSAL), int(BlockType.PARTIAL)
+# Plain ints for tensor comparisons: under vmap a tensor compared with an IntEnum gives a Python bool,
+# and Dynamo does not trace IntEnum members.
+_MASKED, _FULL, _CAUSAL, _PARTIAL = (int(t) for t in BlockType)
 _PICTURE = {BlockType.MASKED: ".", BlockType.FULL: "F", BlockType.CAUSAL: "C", BlockType.PARTIAL: "P"}
 
 
@@ -130,9 +132,7 @@ class OmniBlockMask:
             doc_ids = torch.zeros(1, kv_len, dtype=torch.int32, device=device)
             return cls.from_token_ids(doc_ids, q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
         pos = _BlockPositions(q_len, kv_len, block_q, block_kv, torch.device(device or "cpu"))
-        types = torch.where(
-            pos.all_after, BlockType.MASKED, torch.where(pos.all_before, BlockType.FULL, BlockType.CAUSAL)
-        ).to(torch.int8)[None, None]
+        types = torch.where(pos.all_after, _MASKED, torch.where(pos.all_before, _FULL, _CAUSAL)).to(torch.int8)[None, None]
         return cls._from_block_table(types, None, _empty_pool(block_q, block_kv, types.device), q_len, kv_len,
                                      block_q, block_kv)
 
@@ -285,10 +285,7 @@ class OmniBlockMask:
         return mask_mod
 
     def _rule(self, kind, pool_id, b, q_idx, kv_idx) -> torch.Tensor:
-        """The element rule given each element's block type and pool id (broadcastable tensors).
-
-        Compares with plain ints: under vmap, a tensor compared with an IntEnum gives a Python bool.
-        """
+        """The element rule given each element's block type and pool id (broadcastable tensors)."""
         qpos = q_idx + (self.kv_len - self.q_len)
         result = (kind == _FULL) | ((kind == _CAUSAL) & (qpos >= kv_idx))
         is_partial = kind == _PARTIAL
@@ -338,8 +335,8 @@ class OmniBlockMask:
         from torch.nn.attention.flex_attention import BlockMask
 
         types, _ = self.block_table()
-        partial_num, partial_idx = _lists_from_table(((types == BlockType.CAUSAL) | (types == BlockType.PARTIAL)))
-        full_num, full_idx = _lists_from_table(types == BlockType.FULL)
+        partial_num, partial_idx = _lists_from_table(((types == _CAUSAL) | (types == _PARTIAL)))
+        full_num, full_idx = _lists_from_table(types == _FULL)
         return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx,
                                         BLOCK_SIZE=(self.block_q, self.block_kv), mask_mod=self.mask_mod(),
                                         seq_lengths=(self.q_len, self.kv_len))
@@ -402,7 +399,7 @@ class OmniBlockMask:
         types = torch.cat(types, dim=2)
         pool, pool_ids = _dedupe_patterns(torch.cat(patterns), block_q, block_kv, device)
         partial = torch.full(types.shape, -1, dtype=torch.int32, device=device)
-        partial[types == BlockType.PARTIAL] = pool_ids
+        partial[types == _PARTIAL] = pool_ids
         return cls._from_block_table(types, partial, pool, q_len, kv_len, block_q, block_kv)
 
     def _op_args(self) -> tuple[list[torch.Tensor | None], list[int]]:
@@ -432,7 +429,7 @@ def _block_lists(types: torch.Tensor, partial: torch.Tensor | None) -> tuple[tor
     Fixed shapes (``maxBlocks = nCols``), no host sync: the active columns come first, ascending.
     ``partial`` None means no pooled blocks (all -1).
     """
-    num, order = _lists_from_table(types != BlockType.MASKED)
+    num, order = _lists_from_table(types != _MASKED)
     listed = order.long()
     pool_ids = (torch.full(order.shape, -1, dtype=torch.int32, device=order.device) if partial is None
                 else partial.gather(-1, listed).to(torch.int32).contiguous())
@@ -501,10 +498,9 @@ def _classify_dense_rows(dense, start, q_len, kv_len, block_q, block_kv) -> tupl
     allowed = tiles.sum((-1, -2))
     is_full = allowed == valid.sum((-1, -2))
     is_causal = (tiles == causal).all(-1).all(-1)
-    types = torch.where(allowed == 0, BlockType.MASKED,
-                        torch.where(is_full, BlockType.FULL,
-                                    torch.where(is_causal, BlockType.CAUSAL, BlockType.PARTIAL))).to(torch.int8)
-    return types, tiles[types == BlockType.PARTIAL]
+    types = torch.where(allowed == 0, _MASKED,
+                        torch.where(is_full, _FULL, torch.where(is_causal, _CAUSAL, _PARTIAL))).to(torch.int8)
+    return types, tiles[types == _PARTIAL]
 
 
 def _empty_pool(block_q: int, block_kv: int, device) -> torch.Tensor:
@@ -728,7 +724,7 @@ def _validate(m: OmniBlockMask) -> None:
             and torch.equal(row_partial, col_partial.transpose(-1, -2))):
         raise ValueError("q_indices / q_types / q_partial: the column view does not list the same blocks, types "
                          "and pool ids as the row view")
-    token_partial = (row_types == BlockType.PARTIAL) & (row_partial < 0)
+    token_partial = (row_types == _PARTIAL) & (row_partial < 0)
     if bool(token_partial.any()):
         if m.doc_ids is None or m.group_ids is None:
             raise ValueError("doc_ids / group_ids: PARTIAL blocks with pool id -1 use the token rule, which needs "
@@ -759,12 +755,12 @@ def _validate_lists(prefix, num, idx, types, partial, batch, heads, rows, cols, 
         raise ValueError(f"{prefix}_indices: expected active indices in [0, {cols})")
     if bool((active[..., 1:] & (idx[..., 1:] <= idx[..., :-1])).any()):
         raise ValueError(f"{prefix}_indices: expected strictly ascending active indices")
-    valid_type = (types == BlockType.FULL) | (types == BlockType.CAUSAL) | (types == BlockType.PARTIAL)
+    valid_type = (types == _FULL) | (types == _CAUSAL) | (types == _PARTIAL)
     if bool((active & ~valid_type).any()):
         raise ValueError(f"{prefix}_types: expected FULL, CAUSAL or PARTIAL ({int(BlockType.FULL)}, "
                          f"{int(BlockType.CAUSAL)}, {int(BlockType.PARTIAL)}) for every active block")
-    pooled = active & (types == BlockType.PARTIAL)
+    pooled = active & (types == _PARTIAL)
     if bool((pooled & ((partial < -1) | (partial >= pool_size))).any()):
         raise ValueError(f"{prefix}_partial: expected pool ids in [-1, {pool_size}) for PARTIAL blocks")
-    if bool((active & (types != BlockType.PARTIAL) & (partial != -1)).any()):
+    if bool((active & (types != _PARTIAL) & (partial != -1)).any()):
         raise ValueError(f"{prefix}_partial: expected -1 for blocks that are not PARTIAL")

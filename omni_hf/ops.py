@@ -107,7 +107,9 @@ def _backward(ctx, grad_out, grad_lse):
     mask_tensors = [next(saved) if present else None for present in ctx.mask_present]
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, mask_tensors, ctx.mask_sizes, ctx.scale,
                                        ctx.softcap)
-    return dq, dk, dv, [None] * len(mask_tensors), None, None, None
+    # The list input's gradient: one None for a list holding None (a leaf to autograd), else None per tensor.
+    mask_grads = [None] * len(mask_tensors) if all(ctx.mask_present) else None
+    return dq, dk, dv, mask_grads, None, None, None
 
 
 attention_forward_op.register_autograd(_backward, setup_context=_setup_context)

@@ -75,8 +75,8 @@ def attention_backward(
     acc, heads_kv = _accumulation_dtype(q), k.shape[1]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     kf, vf = _grouped(k, acc), _grouped(v, acc)
-    dk = torch.zeros_like(kf)
-    dv = torch.zeros_like(kf)
+    dk = torch.zeros_like(kf, memory_format=torch.contiguous_format)  # contiguous, as the fake op promises
+    dv = torch.zeros_like(dk)
     for start, stop in _chunks(q, k):
         allowed = _mask_rows(mask, start, stop, heads_kv)
         qc, doc, oc, row_lse = (_grouped_q(x, heads_kv, start, stop, acc) for x in (q, dout, out, lse[..., None]))

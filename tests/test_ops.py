@@ -56,9 +56,16 @@ def test_lse_is_not_differentiable():
     assert not lse.requires_grad
 
 
-def test_torch_compile_fullgraph_forward_backward_matches_eager():
-    mask, _ = interleaved()
-    q, k, v = qkv(requires_grad=True)
+@pytest.mark.parametrize("kind", ["token_ids", "causal_transposed"])
+def test_torch_compile_fullgraph_forward_backward_matches_eager(kind):
+    """Token-rule masks carry id tensors, causal ones None in their place; Transformers hands transposed
+    views, whose gradients must still come back in the layout the fake op promises."""
+    if kind == "token_ids":
+        mask, _ = interleaved()
+        q, k, v = qkv(requires_grad=True)
+    else:
+        mask = OmniBlockMask.causal(200, block_q=64, block_kv=64)
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in qkv())
 
     def loss(q, k, v, mask):
         return omni_attention(q, k, v, mask, softcap=10.0).square().sum()
