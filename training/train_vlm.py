@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import time
@@ -83,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", type=Path, help="a checkpoint-<step> directory to go on from")
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"),
                         default="bf16" if torch.cuda.is_available() else "no")
-    parser.add_argument("--num-workers", type=int, default=min(8, os.cpu_count() or 1) if torch.cuda.is_available()
+    parser.add_argument("--num-workers", type=int, default=min(12, (os.cpu_count() or 4) - 2) if torch.cuda.is_available()
                         else 0, help="DataLoader workers per process (they render the images)")
     parser.add_argument("--seed", type=int, default=0)
     for field in dataclasses.fields(Preset):
@@ -133,11 +132,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     while step < preset.steps:
         interval = min(preset.log_every, preset.steps - step)
         started = time.perf_counter()
-        loss, tokens = _train_interval(accelerator, model, optimizer, scheduler, batches, args, interval)
+        loss, tokens, data_wait = _train_interval(accelerator, model, optimizer, scheduler, batches, args, interval)
         step += interval
         seconds = time.perf_counter() - started
-        metrics["train"].append({"step": step, "loss": loss, "tokens_per_s": tokens / seconds,
-                                 "seconds": seconds, "lr": scheduler.get_last_lr()[0]})
+        metrics["train"].append({"step": step, "loss": loss, "tokens_per_s": tokens / seconds, "seconds": seconds,
+                                 "data_wait_seconds": data_wait, "lr": scheduler.get_last_lr()[0]})
         progress.update(interval)
         progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / seconds:,.0f}")
         if preset.eval_every and (step % preset.eval_every == 0 or step == preset.steps):
@@ -176,14 +175,18 @@ def _micro_batches(accelerator: Accelerator, loader: DataLoader, done: int) -> I
         epoch, skip = epoch + 1, 0
 
 
-def _train_interval(accelerator, model, optimizer, scheduler, batches, args, steps: int) -> tuple[float, int]:
-    """``steps`` optimizer steps; returns the mean loss (over processes) and the tokens seen (all processes,
-    padding excluded). The loss goes to the host once, at the end."""
+def _train_interval(accelerator, model, optimizer, scheduler, batches, args, steps: int) -> tuple[float, int, float]:
+    """``steps`` optimizer steps; returns the mean loss (over processes), the tokens seen (all processes,
+    padding excluded) and the seconds this process waited for batches. The loss goes to the host once, at
+    the end."""
+    data_wait = 0.0
     loss_sum = torch.zeros((), device=accelerator.device)
     tokens = torch.zeros((), device=accelerator.device, dtype=torch.int64)
     micro_steps = 0
     while micro_steps < steps * accelerator.gradient_accumulation_steps:
+        waiting = time.perf_counter()
         batch = next(batches)
+        data_wait += time.perf_counter() - waiting
         with accelerator.accumulate(model):
             logits = model(batch["input_ids"], batch["pixel_values"], **attention_kwargs(batch, args.attn, args.mask))
             summed, count = token_loss(logits, batch["labels"])
@@ -198,7 +201,7 @@ def _train_interval(accelerator, model, optimizer, scheduler, batches, args, ste
         tokens += (batch["omni_doc_ids"] >= 0).sum()
         micro_steps += 1
     mean_loss = accelerator.reduce(loss_sum / micro_steps, "mean").item()
-    return mean_loss, int(accelerator.reduce(tokens, "sum").item())
+    return mean_loss, int(accelerator.reduce(tokens, "sum").item()), data_wait
 
 
 def _evaluate(evaluator: Evaluator, model, accelerator: Accelerator) -> dict[str, Any]:
@@ -227,10 +230,13 @@ def _describe_eval(record: dict[str, Any]) -> str:
 
 
 def _summary(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Final accuracy and loss, baselines, and the median tokens/s past the first logged interval (warm-up)."""
-    rates = sorted(r["tokens_per_s"] for r in metrics["train"][1:]) or [math.nan]
+    """Final accuracy and loss, baselines, the median tokens/s and the share of time spent waiting for data,
+    both past the first logged interval (warm-up)."""
+    timed = metrics["train"][1:] or metrics["train"]
+    rates = sorted(r["tokens_per_s"] for r in timed)
     summary = {"tokens_per_s": rates[len(rates) // 2], "steps": metrics["train"][-1]["step"],
-               "train_seconds": sum(r["seconds"] for r in metrics["train"])}
+               "train_seconds": sum(r["seconds"] for r in metrics["train"]),
+               "data_wait_fraction": sum(r["data_wait_seconds"] for r in timed) / sum(r["seconds"] for r in timed)}
     if metrics["eval"]:
         summary |= {"accuracy": metrics["eval"][-1]["accuracy"], "eval_loss": metrics["eval"][-1]["loss"]}
     return summary | metrics.get("baselines", {})
