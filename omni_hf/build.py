@@ -130,11 +130,12 @@ def link(objs: list[Path], lib_path: Path, archs: tuple[str, ...] = DEFAULT_ARCH
     return lib_path
 
 
-def build(out_dir: Path, archs: tuple[str, ...] = DEFAULT_ARCHS, jobs: int | None = None, log=sys.stderr) -> Path:
+def build(out_dir: Path, archs: tuple[str, ...] = DEFAULT_ARCHS, jobs: int | None = None,
+          extra_flags: tuple[str, ...] = (), log=sys.stderr) -> Path:
     """Compiles every source and links out_dir/libomni_hf_cuda.so (written atomically); returns its path."""
     out_dir = Path(out_dir)
     start = time.monotonic()
-    objs = compile_objects(out_dir, archs, jobs, log=log)
+    objs = compile_objects(out_dir, archs, jobs, extra_flags=extra_flags, log=log)
     tmp = out_dir / f".{LIB_NAME}.{os.getpid()}"
     link(objs, tmp, archs)
     lib = out_dir / LIB_NAME
@@ -161,11 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.only:
             compile_objects(out, archs, args.jobs, args.only, extra)
-        elif extra:
-            lib_objs = compile_objects(out, archs, args.jobs, None, extra)
-            link(lib_objs, out / LIB_NAME, archs)
         else:
-            build(out, archs, args.jobs)
+            build(out, archs, args.jobs, extra)
     except BuildError as err:
         print(f"omni_hf: {err}", file=sys.stderr)
         return 1
