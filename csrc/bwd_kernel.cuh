@@ -40,6 +40,13 @@ __forceinline__ __device__ void cp_async_16(void* smem, const void* gmem) {
   SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*static_cast<const uint128_t*>(gmem), *static_cast<uint128_t*>(smem));
 }
 
+// log2(x) for x >= 0, denormals flushed (log2 of a denormal P gives -inf, so that entry's dS factor is 0).
+__forceinline__ __device__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ds / d(scale * S) under softcap, from t = tanh(scale * S / cap): 1 - t^2, clamped so that entries with
 // P = 0 (masked: t = -inf) give 0 rather than NaN.
 __forceinline__ __device__ float dtanh(float t) { return fmaxf(1.f - t * t, 0.f); }
@@ -96,8 +103,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   Tensor cQ = load_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
   Tensor cK = load_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{}));
 
-  // Issues tile t's loads into buffer buf as one cp.async group: Q and dO, lse2 and D (padded rows), and
-  // the rows' token ids when the token rule masks the tile.
+  // Issues tile t's loads into buffer buf as one cp.async group: Q and dO, lse2 and D (padded rows).
   auto load_q_tile = [&](const QTile& t, int buf) {
     const int m0 = t.m_block * kBlockM;
     const int rows = f.q_len - m0;
@@ -112,8 +118,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
     } else if (tid < 2 * kVecs) {
       cp_async_16(&sm.dsum[buf][(tid - kVecs) * 4], ws.dsum + ws_row + (tid - kVecs) * 4);
     }
-    if (t.kind == kTileToken) stage_ids(Int<kBlockM>{}, sm.q_ids[buf], qpos0_of(t));
     cp_async_fence();
+  };
+  // The token ids of tile t's rows, when the token rule masks it (cp.async, not committed here).
+  auto stage_q_ids = [&](const QTile& t) {
+    if (t.kind == kTileToken) stage_ids(Int<kBlockM>{}, sm.q_ids, qpos0_of(t));
   };
 
   // Tensor cores: S / dP, dK / dV and dQ, with the ldmatrix copies that feed them and the C-layout
@@ -173,28 +182,29 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   __syncthreads();
   QTile cur = sm.tiles[0];
   if (cur.valid) {
-    // K, V and the keys' token ids join the first tile's cp.async group.
+    // K, V and the token ids of the keys and of the first tile's rows join its cp.async group.
     load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.k, b, hkv, n0)),
                        load_thr.partition_D(sK), cK, kv_rows);
     load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.v, b, hkv, n0)),
                        load_thr.partition_D(sV), cK, kv_rows);
     stage_ids(Int<kBlockN>{}, sm.k_ids, n0);
+    stage_q_ids(cur);
     load_q_tile(cur, 0);
 
+    // The next tile, tiles[buf ^ 1], is read from smem at each use rather than held in registers.
     for (int buf = 0;; buf ^= 1) {
-      const QTile next = sm.tiles[buf ^ 1];
-      if (next.valid) {
-        load_q_tile(next, buf ^ 1);
+      if (sm.tiles[buf ^ 1].valid) {
+        load_q_tile(sm.tiles[buf ^ 1], buf ^ 1);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
       }
       __syncthreads();  // tile `cur` visible in buffer buf
-      if (tid == 0 && next.valid) advance_walk(sm.tiles[buf]);
+      if (tid == 0 && sm.tiles[buf ^ 1].valid) advance_walk(sm.tiles[buf]);
 
       // S = Q K^T -> t = S or tanh(scale * S / cap), masked -> P = exp2(t * mul - lse2), stored to smem
       // as Element; the fp32 P replaces t in registers.
-      const TileCoords at{qpos0_of(cur), n0, kv_rows, sm.q_ids[buf], sm.k_ids};
+      const TileCoords at{qpos0_of(cur), n0, kv_rows, sm.q_ids, sm.k_ids};
       FragmentBits<decltype(size(bits_view(cS)))::value> bits;
       partial_bits<kBlockM, kBlockN>(bits, bits_view(cS), cur, at, f.mask);
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
         for (int c = 0; c < size<1>(dp_rc); ++c) {
           const float ds = p_rc(r, c) * (dp_rc(r, c) - d);
           if constexpr (kSoftcap) {
-            const float t = (__log2f(p_rc(r, c)) + sm.lse2[buf][row]) * (1.f / mul);
+            const float t = (fast_log2(p_rc(r, c)) + sm.lse2[buf][row]) * (1.f / mul);
             dp_rc(r, c) = ds * dtanh(t);
           } else {
             dp_rc(r, c) = ds;
@@ -242,7 +252,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       }
       Tensor ds_elem = convert_fragment<Element>(acc_dp);
       copy(store_pds, retile(store_pds, ds_elem), tPsdS);
-      __syncthreads();  // P and dS visible
+      __syncthreads();  // P and dS visible; the rows' token ids are read
 
       // dV += P^T dO.
       gemm_ss(acc_dv, rA_dkv, rB_dkv, tdVsPt, copy_qdot_thr.partition_S(sdOt(buf)), mma_dkv, copy_pt, copy_qdot);
@@ -256,12 +266,18 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       Tensor tdQgdQ = mma_dq.get_thread_slice(tid).partition_C(gdQ);
       atomic_add_fragment(acc_dq, tdQgdQ);
 
+      // The next tile's row ids (the current ones were read before the barrier), loading during dK.
+      if (sm.tiles[buf ^ 1].valid && sm.tiles[buf ^ 1].kind == kTileToken) {
+        stage_q_ids(sm.tiles[buf ^ 1]);
+        cp_async_fence();  // completes by the next iteration's cp_async_wait<1>
+      }
+
       // dK += dS^T Q.
       gemm_ss(acc_dk, rA_dkv, rB_dkv, tdKsdSt, copy_qdot_thr.partition_S(sQt(buf)), mma_dkv, copy_pt, copy_qdot);
 
       __syncthreads();  // buffer buf, P and dS are free for the next tile
-      if (!next.valid) break;
-      cur = next;
+      if (!sm.tiles[buf ^ 1].valid) break;
+      cur = sm.tiles[buf ^ 1];
     }
   }
 

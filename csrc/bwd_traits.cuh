@@ -40,18 +40,21 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using SmemLayoutPt = decltype(composition(SmemLayoutP{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
   // Shared memory of one CTA. Q, dO and the per-row data of a Q tile are double buffered so the next tile
-  // loads while the current one computes.
+  // loads while the current one computes; the rows' token ids are staged once the current tile's mask is
+  // evaluated, so one buffer serves. The big arrays come first, so each starts 1024-byte aligned (the
+  // swizzle period) while the struct asks for only 128: D = 128 with block_kv = 128 then fits the 163 KB
+  // an A100 grants one block.
   struct SharedStorage {
-    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q[2];
-    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout[2];
-    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;     // reused for dK in the epilogue
-    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;     // reused for dV in the epilogue
-    cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
-    cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> ds;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 128> q[2];
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 128> dout[2];
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 128> k;     // reused for dK in the epilogue
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 128> v;     // reused for dV in the epilogue
+    cute::array_aligned<Element, cosize_v<SmemLayoutP>, 128> p;
+    cute::array_aligned<Element, cosize_v<SmemLayoutP>, 128> ds;
     cute::array_aligned<float, kBlockM, 16> lse2[2];   // lse * log2(e); +inf for empty or padded rows
     cute::array_aligned<float, kBlockM, 16> dsum[2];   // rowsum(dO * O); 0 for padded rows
-    int q_ids[2][2 * kBlockM];                         // TokenIds of the tile's query rows
-    int k_ids[2 * kBlockN];                            // TokenIds of the CTA's keys
+    int q_ids[2 * kBlockM];                            // token ids [doc, grp] of the tile's query rows
+    int k_ids[2 * kBlockN];                            // token ids [doc, grp] of the CTA's keys
     QTile tiles[2];                                    // the walk's next tiles, by buffer
     WalkCursor cursor;                                 // the walk's position after tiles[]
   };
