@@ -612,8 +612,8 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
 def _block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
     """int8 types from bool claims, in priority MASKED > FULL > CAUSAL > PARTIAL, by uint8 arithmetic:
     ``(3 - 2 full - causal + causal full) * not masked`` (uint8 wraps in between, never at the end)."""
-    f, c, m = (x.view(torch.uint8) for x in (full, causal, masked))
-    return ((3 - 2 * f - c + c * f) * (1 - m)).view(torch.int8)
+    f, c, m = (x.to(torch.uint8) for x in (full, causal, masked))  # a cast: Inductor cannot bitcast bool
+    return ((3 - 2 * f - c + c * f) * (1 - m)).to(torch.int8)
 
 
 def token_ids_from_spans(

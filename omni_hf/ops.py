@@ -45,10 +45,14 @@ def omni_attention(
         scale: multiplies ``q.k`` (default ``D ** -0.5``).
         softcap: if set, scores become ``softcap * tanh(score / softcap)``.
         return_lse: also return the log-sum-exp of each row.
+
+    Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
+
     Returns:
         out ``[B, Hq, Sq, D]`` in q's dtype; with ``return_lse``, also lse float32 ``[B, Hq, Sq]``
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
+    q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, block_mask, scale, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors, sizes = block_mask._op_args()
@@ -148,6 +152,16 @@ def _backend(q, k, v, mask):
 
 
 # ---------------------------------------------------------------------- checks
+
+
+def _autocast(q, k, v):
+    """As SDPA: under autocast, run in the autocast dtype (RoPE hands float32 q and k, the linear a bf16 v)."""
+    tensors = (q, k, v)
+    if all(isinstance(t, torch.Tensor) for t in tensors) and torch.is_autocast_enabled(q.device.type):
+        dtype = torch.get_autocast_dtype(q.device.type)
+        return tuple(t.to(dtype) for t in tensors)
+    return tensors
+
 
 
 def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:

@@ -124,3 +124,14 @@ def bad_inputs():
 def test_bad_input_names_the_argument(args, kwargs, error, message):
     with pytest.raises(error, match=message):
         omni_attention(*args, **kwargs)
+
+
+def test_autocast_runs_in_the_autocast_dtype_like_sdpa():
+    """Under bf16 autocast, RoPE hands float32 q / k; the op must run in bf16 (the kernels' dtype)."""
+    mask, dense = interleaved(batch=1)
+    q, k, v = qkv(batch=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = omni_attention(q, k, v, mask)
+    assert out.dtype == torch.bfloat16
+    expected, _ = naive_attention(*(x.bfloat16().double() for x in (q, k, v)), dense, 32 ** -0.5)
+    assert relative_error(out, expected) < 1e-2  # bf16 rounding of the output only
