@@ -455,23 +455,22 @@ def _lists_from_table(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def _table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `_block_lists`: types int8 and pool ids int32 ``[B, H, nRows, columns]``."""
-    active = torch.arange(indices.shape[-1], device=indices.device) < num[..., None]
-    column = torch.where(active, indices.long(), columns)  # inactive entries land in a spare column
-    table_types = torch.zeros(*types.shape[:-1], columns + 1, dtype=torch.int8, device=types.device)
-    table_partial = torch.full(table_types.shape, -1, dtype=torch.int32, device=types.device)
-    table_types.scatter_(-1, column, torch.where(active, types, 0).to(torch.int8))
-    table_partial.scatter_(-1, column, torch.where(active, partial, -1).to(torch.int32))
-    return table_types[..., :columns], table_partial[..., :columns]
+    return (_scatter_lists(num, indices, types.to(torch.int8), columns, fill=0),
+            _scatter_lists(num, indices, partial.to(torch.int32), columns, fill=-1))
 
 
 def _flex_block_table(num: torch.Tensor, indices: torch.Tensor, kv_len: int, block_kv: int) -> torch.Tensor:
     """bool ``[B, H, nQ, nK]``: which blocks a Flex list marks active."""
-    nk = -(-kv_len // block_kv)
+    return _scatter_lists(num, indices, torch.ones_like(indices, dtype=torch.bool), -(-kv_len // block_kv), fill=False)
+
+
+def _scatter_lists(num, indices, values: torch.Tensor, columns: int, fill) -> torch.Tensor:
+    """Each row's active list entries ``values`` placed at their column of a ``[..., columns]`` table, ``fill``
+    elsewhere; inactive entries land in a spare column that is dropped."""
     active = torch.arange(indices.shape[-1], device=indices.device) < num[..., None]
-    column = torch.where(active, indices.long(), nk).clamp(max=nk)
-    table = torch.zeros(*indices.shape[:-1], nk + 1, dtype=torch.bool, device=indices.device)
-    table.scatter_(-1, column, active)
-    return table[..., :nk]
+    column = torch.where(active, indices.long(), columns)
+    table = torch.full((*indices.shape[:-1], columns + 1), fill, dtype=values.dtype, device=values.device)
+    return table.scatter_(-1, column, values)[..., :columns]
 
 
 # ---------------------------------------------------------------------- dense classification
