@@ -99,10 +99,37 @@ typedef struct {
   size_t workspace_bytes;
 } OmniBwdParams;
 
+// Token-rule block lists built on the device: what omni_hf.mask.OmniBlockMask.from_token_ids computes
+// with PyTorch ops (same classification, same list layout, byte for byte). Outputs of one view, with
+// rows / cols = nQ / nK (row view) or nK / nQ (column view), all contiguous:
+//   num_blocks [B, rows] int32; indices [B, rows, cols] int32; types [B, rows, cols] int8; partial
+//   [B, rows, cols] int32 (all -1). Entries past num_blocks hold index 0 and the type of column 0.
+typedef struct {
+  int32_t* num_blocks;
+  int32_t* indices;
+  int8_t* types;
+  int32_t* partial;
+} OmniBlockListOut;
+
+typedef struct {
+  const int32_t* doc_ids;         // [B, kv_len] int32 contiguous, -1 = padding
+  const int32_t* group_ids;       // [B, kv_len] int32 contiguous, -1 = causal text
+  int32_t batch, q_len, kv_len;   // q_len <= kv_len: the queries are the last q_len positions
+  int32_t block_q, block_kv;      // 64 or 128 each
+  int32_t window;                 // <= 0: none
+  OmniBlockListOut kv;            // row view: per Q block its KV blocks
+  OmniBlockListOut q;             // column view: per KV block its Q blocks
+  int32_t* workspace;             // OMNI_TOKEN_SUMMARY_INTS * B * (nQ + nK) int32, contents need no init
+  void* stream;                   // cudaStream_t
+} OmniTokenMaskParams;
+
+#define OMNI_TOKEN_SUMMARY_INTS 6  // per block: least id >= 0, greatest id, key; for docs, then groups
+
 int omni_abi_version(void);
 int omni_fwd(const OmniFwdParams* params);
 size_t omni_bwd_workspace_bytes(const OmniBwdParams* params);
 int omni_bwd(const OmniBwdParams* params);
+int omni_build_token_mask(const OmniTokenMaskParams* params);
 const char* omni_error_string(int status);
 const char* omni_last_error_detail(void);  // thread-local text of the last failure, "" if none
 

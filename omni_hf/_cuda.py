@@ -6,7 +6,8 @@ version and exposes what `omni_hf.ops` dispatches to:
 - `available()`: a CUDA device is present and the library loads (never raises);
 - `unsupported_reason(q, k, v, mask)`: None when the kernels can run these inputs, else a short reason;
 - `forward(q, k, v, mask, scale, softcap) -> (out, lse)`;
-- `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`.
+- `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`;
+- `builds_token_masks()` and `token_mask_lists(...)`: `OmniBlockMask.from_token_ids`'s lists in two launches.
 
 Library lookup order: ``$OMNI_HF_CUDA_LIB`` (a path to the .so), ``omni_hf/lib/`` (built by ``pip install``),
 then a cache directory (``$OMNI_HF_CACHE`` or ``~/.cache/omni_hf/<hash of sources and flags>/``) where the
@@ -27,7 +28,7 @@ import torch
 from . import build as _build
 from .mask import OmniBlockMask
 
-__all__ = ["available", "unsupported_reason", "forward", "backward"]
+__all__ = ["available", "unsupported_reason", "forward", "backward", "builds_token_masks", "token_mask_lists"]
 
 ABI_VERSION = 1
 HEAD_DIMS = (64, 128)
@@ -68,6 +69,21 @@ class OmniFwdParams(ctypes.Structure):
                 ("head_dim", ctypes.c_int32), ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
                 ("q", OmniTensor), ("k", OmniTensor), ("v", OmniTensor), ("out", OmniTensor),
                 ("lse", ctypes.c_void_p), ("mask", OmniMask), ("stream", ctypes.c_void_p)]
+
+
+class OmniBlockListOut(ctypes.Structure):
+    _fields_ = [("num_blocks", ctypes.c_void_p), ("indices", ctypes.c_void_p), ("types", ctypes.c_void_p),
+                ("partial", ctypes.c_void_p)]
+
+
+class OmniTokenMaskParams(ctypes.Structure):
+    _fields_ = [("doc_ids", ctypes.c_void_p), ("group_ids", ctypes.c_void_p), ("batch", ctypes.c_int32),
+                ("q_len", ctypes.c_int32), ("kv_len", ctypes.c_int32), ("block_q", ctypes.c_int32),
+                ("block_kv", ctypes.c_int32), ("window", ctypes.c_int32), ("kv", OmniBlockListOut),
+                ("q", OmniBlockListOut), ("workspace", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+
+
+_TOKEN_SUMMARY_INTS = 6  # OMNI_TOKEN_SUMMARY_INTS
 
 
 class OmniBwdParams(ctypes.Structure):
@@ -138,6 +154,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.omni_bwd_workspace_bytes.restype = ctypes.c_size_t
     lib.omni_bwd.argtypes = [ctypes.POINTER(OmniBwdParams)]
     lib.omni_bwd.restype = ctypes.c_int
+    if hasattr(lib, "omni_build_token_mask"):  # libraries built before it was added lack it
+        lib.omni_build_token_mask.argtypes = [ctypes.POINTER(OmniTokenMaskParams)]
+        lib.omni_build_token_mask.restype = ctypes.c_int
     lib.omni_error_string.argtypes = [ctypes.c_int]
     lib.omni_error_string.restype = ctypes.c_char_p
     lib.omni_last_error_detail.restype = ctypes.c_char_p
@@ -320,3 +339,43 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         params.workspace, params.workspace_bytes = workspace.data_ptr(), size
         _check(lib, lib.omni_bwd(ctypes.byref(params)), "omni_bwd")
     return dq, dk, dv
+
+
+def builds_token_masks() -> bool:
+    """True when the library loads here and has ``omni_build_token_mask``. Never raises."""
+    return available() and hasattr(_library(), "omni_build_token_mask")
+
+
+def _list_outputs(batch: int, rows: int, cols: int, device: torch.device) -> list[torch.Tensor]:
+    """Empty num int32 ``[B, 1, rows]``, indices int32, types int8 and pool ids int32 ``[B, 1, rows, cols]``."""
+    shape = (batch, 1, rows, cols)
+    return [torch.empty(shape[:3], dtype=torch.int32, device=device),
+            torch.empty(shape, dtype=torch.int32, device=device), torch.empty(shape, dtype=torch.int8, device=device),
+            torch.empty(shape, dtype=torch.int32, device=device)]
+
+
+def token_mask_lists(doc_ids: torch.Tensor, group_ids: torch.Tensor, q_len: int, block_q: int, block_kv: int,
+                     window: int | None) -> list[torch.Tensor]:
+    """The row and column views of `OmniBlockMask.from_token_ids`, built by the library (no host sync).
+
+    Args:
+        doc_ids, group_ids: int32 ``[B, kv_len]`` contiguous, on one CUDA device (checked by the caller).
+        q_len: at most kv_len; block_q, block_kv: 64 or 128; window: None or > 0.
+    Returns:
+        kv_num_blocks, kv_indices, kv_types, kv_partial, q_num_blocks, q_indices, q_types, q_partial with
+        mask heads 1, byte for byte what the PyTorch build gives.
+    """
+    lib = _library()
+    batch, kv_len = doc_ids.shape
+    num_q, num_kv = -(-q_len // block_q), -(-kv_len // block_kv)
+    row, col = _list_outputs(batch, num_q, num_kv, doc_ids.device), _list_outputs(batch, num_kv, num_q, doc_ids.device)
+    workspace = torch.empty(_TOKEN_SUMMARY_INTS * batch * (num_q + num_kv), dtype=torch.int32, device=doc_ids.device)
+    params = OmniTokenMaskParams(
+        doc_ids=doc_ids.data_ptr(), group_ids=group_ids.data_ptr(), batch=batch, q_len=q_len, kv_len=kv_len,
+        block_q=block_q, block_kv=block_kv, window=window or 0,
+        kv=OmniBlockListOut(*(t.data_ptr() for t in row)), q=OmniBlockListOut(*(t.data_ptr() for t in col)),
+        workspace=workspace.data_ptr(), stream=torch.cuda.current_stream(doc_ids.device).cuda_stream,
+    )
+    with torch.cuda.device(doc_ids.device):
+        _check(lib, lib.omni_build_token_mask(ctypes.byref(params)), "omni_build_token_mask")
+    return row + col

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -156,8 +157,10 @@ class OmniBlockMask:
             q_len: number of query rows, the last ``q_len`` positions (default ``kv_len``).
             window: optional sliding window for the causal part (``qpos - j < window``).
 
-        Runs as a handful of vectorised ops on the ids' device with fixed output shapes and no host
-        sync; block summaries (min / max of doc and group per block) classify each block pair.
+        Block summaries (min / max of doc and group per block) classify each block pair; fixed output
+        shapes and no host sync. On a GPU with the CUDA library loaded this is two kernel launches
+        (``omni_build_token_mask``); elsewhere, under ``torch.compile`` tracing, or with
+        ``OMNI_HF_BACKEND=reference``, a handful of vectorised PyTorch ops give the same lists.
         """
         doc_ids, group_ids = _check_token_ids(doc_ids, group_ids)
         kv_len = doc_ids.shape[1]
@@ -167,9 +170,15 @@ class OmniBlockMask:
             raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window: expected a positive int or None, got {window!r}")
+        pool = _empty_pool(block_q, block_kv, doc_ids.device)
+        token_rule = dict(doc_ids=doc_ids, group_ids=group_ids, window=window)
+        if _library_builds_token_masks(doc_ids):
+            from . import _cuda
+
+            lists = _cuda.token_mask_lists(doc_ids, group_ids, q_len, block_q, block_kv, window)
+            return cls(*lists, pool, q_len, kv_len, block_q, block_kv, **token_rule)
         types = _classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
-        return cls._from_block_table(types[:, None], None, _empty_pool(block_q, block_kv, doc_ids.device), q_len,
-                                     kv_len, block_q, block_kv, doc_ids=doc_ids, group_ids=group_ids, window=window)
+        return cls._from_block_table(types[:, None], None, pool, q_len, kv_len, block_q, block_kv, **token_rule)
 
     @classmethod
     def from_spans(
@@ -606,6 +615,16 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
     full = one_doc & ((pos.all_before & window_holds) | one_group)
     causal = one_doc & window_holds & ~groups_overlap
     return _block_type(masked, full, causal)
+
+
+def _library_builds_token_masks(ids: torch.Tensor) -> bool:
+    """Whether `from_token_ids` hands these ids to the CUDA library: on a GPU, not being traced by
+    torch.compile (a ctypes call is opaque to it), not forced to PyTorch, and the library has the builder."""
+    if not ids.is_cuda or torch.compiler.is_compiling() or os.environ.get("OMNI_HF_BACKEND") == "reference":
+        return False
+    from . import _cuda
+
+    return _cuda.builds_token_masks()
 
 
 def _block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:

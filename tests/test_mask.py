@@ -356,7 +356,9 @@ def test_builders_reject_bad_input(call, message):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build():
+@pytest.mark.parametrize("backend", ["auto", "reference"])  # the library's build where it loads; PyTorch ops
+def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build(backend, monkeypatch):
+    monkeypatch.setenv("OMNI_HF_BACKEND", backend)
     doc = torch.arange(5000, dtype=torch.int32)[None] // 1300
     grp = torch.where((torch.arange(5000) % 1000) > 700, torch.arange(5000) // 1000, -1).int()[None]
     expected = OmniBlockMask.from_token_ids(doc, grp, q_len=4000, window=2048)
@@ -371,3 +373,34 @@ def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build():
         value = getattr(mask, field.name)
         if isinstance(value, torch.Tensor):
             assert value.is_cuda and torch.equal(value.cpu(), getattr(expected, field.name)), field.name
+
+
+def _library_builds_token_masks() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    from omni_hf import _cuda
+
+    return _cuda.builds_token_masks()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _library_builds_token_masks(), reason="needs CUDA and the CUDA library")
+@settings(max_examples=60, deadline=None)
+@given(token_ids(max_len=3000), block_sizes, block_sizes, st.data())
+def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_kv, data):
+    """omni_build_token_mask against the PyTorch build (itself tested against the token rule above), byte
+    for byte on every field, entries past the counts included."""
+    doc, grp = ids
+    q_len = data.draw(st.integers(1, doc.shape[1]))
+    window = data.draw(st.one_of(st.none(), st.integers(1, 3000)))
+    args = dict(q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
+    expected = OmniBlockMask.from_token_ids(doc, grp, **args)
+    from omni_hf import _cuda
+
+    lists = _cuda.token_mask_lists(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
+    mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda(), **args)
+    for name, value in zip(("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices",
+                            "q_types", "q_partial"), lists):
+        assert torch.equal(value.cpu(), getattr(expected, name)), name
+        assert torch.equal(getattr(mask, name).cpu(), getattr(expected, name)), name
+    mask.validate()
