@@ -37,8 +37,8 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _VECTOR_ELEMS = 8  # 16 bytes of fp16 / bf16
 _MAX_GRID_YZ = 65535
 
-# Test hook: when True, `forward` fills its outputs with NaN before the kernel writes them, so a test
-# comparing every element proves that every element was written.
+# Test hook: when True, `forward` and `backward` fill their outputs with NaN before the kernels write them,
+# so a test comparing every element proves that every element was written.
 poison_outputs = False
 
 
@@ -330,6 +330,9 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if _layout_reason("dout", dout):
         dout = dout.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if poison_outputs:
+        for grad in (dq, dk, dv):
+            grad.fill_(float("nan"))
     keep: list[torch.Tensor] = [lse.contiguous()]
     params = OmniBwdParams(fwd=_fwd_params(q, k, v, out, keep[0], mask, scale, softcap, keep),
                            dout=_tensor(dout), dq=_tensor(dq), dk=_tensor(dk), dv=_tensor(dv))
