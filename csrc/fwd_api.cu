@@ -1,6 +1,8 @@
-// omni_fwd: validates the params and dispatches to the instantiation of their dtype and head dim.
+// omni_fwd: validates the params and dispatches to the instantiation of their dtype and head dim: the sm_90a
+// kernel where sm90::fwd_supported says it can run the call (Hopper), else the sm_80 kernel.
 #include "fwd_api.cuh"
 #include "params_check.cuh"
+#include "sm90/fwd_api.cuh"
 #include "status.cuh"
 
 namespace omni {
@@ -8,9 +10,10 @@ namespace {
 
 template <typename Element>
 int run_fwd_head_dim(const OmniFwdParams& p) {
+  const bool hopper = sm90::fwd_supported(p);
   switch (p.head_dim) {
-    case 64: return run_fwd<Element, 64>(p);
-    case 128: return run_fwd<Element, 128>(p);
+    case 64: return hopper ? sm90::run_fwd<Element, 64>(p) : run_fwd<Element, 64>(p);
+    case 128: return hopper ? sm90::run_fwd<Element, 128>(p) : run_fwd<Element, 128>(p);
     default: return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the forward is built for 64 and 128", p.head_dim);
   }
 }

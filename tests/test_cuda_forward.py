@@ -1,5 +1,7 @@
-"""GPU tests of the sm_80 forward kernel against the exact PyTorch reference (skipped without CUDA or the
-library). Every test poisons the outputs with NaN before the kernel runs and checks every element."""
+"""GPU tests of the forward kernels against the exact PyTorch reference (skipped without CUDA or the library).
+Every test poisons the outputs with NaN before the kernel runs and checks every element. On a Hopper GPU each
+test runs twice: through the sm_90a kernel (which takes 128 x 128 mask blocks and falls back to sm_80 for the
+rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel."""
 
 from __future__ import annotations
 
@@ -20,9 +22,23 @@ LSE_ATOL_SOFTCAP = 1e-2
 BLOCKS = ((128, 128), (64, 64), (64, 128), (128, 64))
 
 
+def _is_hopper() -> bool:
+    return _cuda.available() and torch.cuda.get_device_capability() == (9, 0)
+
+
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(_cuda, "poison_outputs", True)
+
+
+@pytest.fixture(autouse=True, params=("sm90", "sm80") if _is_hopper() else ("default",))
+def kernel_path(request, monkeypatch):
+    """The library reads OMNI_HF_DISABLE_SM90 at every call."""
+    if request.param == "sm80":
+        monkeypatch.setenv("OMNI_HF_DISABLE_SM90", "1")
+    else:
+        monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
+    return request.param
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -156,10 +172,11 @@ def test_gqa_ratios(heads_q, heads_kv):
     assert_matches_reference(q, k, v, mask)
 
 
+@pytest.mark.parametrize("blocks", ((64, 64), (128, 128)))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_bshd_inputs_are_read_in_place(dtype):
+def test_strided_bshd_inputs_are_read_in_place(dtype, blocks):
     doc, grp = packed_vlm_ids(2, 1100, seed=6)
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=blocks[0], block_kv=blocks[1])
     q, k, v = _qkv(2, 8, 2, 1100, 1100, 64, dtype, seed=6, bshd=True)
     assert not q.is_contiguous() and q.stride(-1) == 1
     assert_matches_reference(q, k, v, mask)
@@ -230,3 +247,20 @@ def test_misaligned_stride_is_reported_and_rejected():
     assert "not 16-byte aligned" in _cuda.unsupported_reason(q, k, v, mask)
     with pytest.raises(RuntimeError, match="omni_fwd failed: pointer or stride"):
         _cuda.forward(q, k, v, mask, 0.1, None)
+
+
+def _forward_kernel_names(q, k, v, mask) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _cuda.forward(q, k, v, mask, q.shape[-1] ** -0.5, None)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if "fwd_kernel" in e.name]
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="needs a compute capability 9.0 GPU")
+def test_hopper_kernel_runs_128_blocks_and_the_switch_turns_it_off(kernel_path):
+    """The sm_90a kernel takes 128 x 128 blocks on Hopper; other block sizes and the switch fall back."""
+    q, k, v = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=12)
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, device="cuda"))
+    assert len(names) == 1 and ("sm90::" in names[0]) == (kernel_path == "sm90"), names
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=64, block_kv=64, device="cuda"))
+    assert len(names) == 1 and "sm90::" not in names[0], names

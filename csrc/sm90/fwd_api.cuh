@@ -1,0 +1,18 @@
+// The sm_90a forward as seen by omni_fwd: whether it can run a call, and its instantiations.
+#pragma once
+#include <cutlass/numeric_types.h>
+
+#include "omni_attention.h"
+
+namespace omni::sm90 {
+
+// True when the current device is an sm_90 (Hopper), OMNI_HF_DISABLE_SM90 is not set to a non-zero value
+// (read at every call, so tests and benchmarks can compare both paths in one process) and the call fits the
+// kernel: 128 x 128 mask blocks, keys present, q / k / v readable by TMA. Otherwise omni_fwd runs sm_80's.
+bool fwd_supported(const OmniFwdParams& p);
+
+// Launches the forward for validated params; defined by fwd_launch.cuh, instantiated in inst/fwd_sm90_*.cu.
+template <typename Element, int kHeadDim>
+int run_fwd(const OmniFwdParams& p);
+
+}  // namespace omni::sm90

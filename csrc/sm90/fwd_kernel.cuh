@@ -1,0 +1,259 @@
+// The sm_90a forward. One CTA per (128-row query block, head, batch) walks the active key tiles of its block
+// row (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines:
+//   warpgroup 0 (producer, one warp): TMA loads of Q once and of K, V per tile into a kStages-deep ring of
+//     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
+//     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it.
+//   warpgroups 1, 2 (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
+//     tiles run no mask code), online softmax in registers, O += P V by wgmma with P from registers.
+// setmaxnreg moves registers from the producer to the consumers. The two consumer warpgroups run
+// independently, so one's softmax overlaps the other's GEMMs.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "fragment.cuh"
+#include "kv_tiles.cuh"
+#include "omni_attention.h"
+#include "sm90/fwd_traits.cuh"
+#include "sm90/tma.cuh"
+#include "sm90/wgmma.cuh"
+#include "softmax.cuh"
+#include "tile_aux.cuh"
+#include "tile_copy.cuh"
+#include "tile_mask.cuh"
+
+namespace omni::sm90 {
+
+using namespace cute;
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+// The kernel's parameters: the ABI's params and the TMA descriptors of q, k, v (built by fwd_launch.cuh).
+template <class Traits>
+struct FwdParams {
+  using Element = typename Traits::Element;
+  using TmaQ = decltype(make_tma_load<Element, Traits::kHeadDim>(OmniTensor{}, 1, 1, 1,
+                                                                 typename Traits::SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_load<Element, Traits::kHeadDim>(
+      OmniTensor{}, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutK{})));
+  OmniFwdParams p;
+  TmaQ tma_q;
+  TmaKV tma_k, tma_v;
+};
+
+// Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
+constexpr int kEpilogueBarrier = 1;
+
+__forceinline__ __device__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The token ids of batch b (NULL when absent).
+__forceinline__ __device__ const int* batch_ids(const int32_t* ids, int64_t stride_b, int b) {
+  return ids != nullptr ? ids + b * stride_b : nullptr;
+}
+
+// Each producer lane arrives twice on a "full" barrier after staging mask data: once when its cp.async
+// copies land, once (release) for the plain stores that filled positions outside the ids. With lane 0's
+// arrive that announces the TMA bytes, a full barrier expects 65 arrivals.
+constexpr int kFullArrivals = 1 + 2 * 32;
+
+__forceinline__ __device__ void arrive_after_staging(uint64_t* bar) {
+  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+  Barrier::arrive(bar);
+}
+
+// Producer warp: issues every load of the CTA's tiles in order, a stage at a time as consumers free them.
+template <class Traits, class Params, class Storage>
+__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, int q_block,
+                                        int qpos0, const KvTileWalker<Traits::kBlockN>& walker, int n_tiles) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const OmniFwdParams& p = params.p;
+  const OmniMask& m = p.mask;
+  const int lane = threadIdx.x % 32;
+  const int* doc = batch_ids(m.doc_ids, m.ids_stride_b, b);
+  const int* grp = batch_ids(m.group_ids, m.ids_stride_b, b);
+
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutV{});
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.q_len, Int<kHeadDim>{}, p.heads_q, p.batch));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
+  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(q_block, _0{}));
+  Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+  if (lane == 0) {
+    Barrier::arrive_and_expect_tx(&s.q_full, Traits::kQBytes);
+    copy(params.tma_q.with(s.q_full), tQg, tQs);
+  }
+  stage_token_ids<kBlockM, 32>(s.q_ids, doc, grp, qpos0, p.kv_len, lane);
+  arrive_after_staging(&s.q_full);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % Traits::kStages;
+    Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);
+    const KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m.kv, m.block_kv, t), t, m.block_kv, p.kv_len);
+    const int n = tile.col0 / kBlockN;
+    if (lane == 0) {
+      s.tile[stage] = tile;
+      Barrier::arrive_and_expect_tx(&s.k_full[stage], Traits::kTileBytes);
+      copy(params.tma_k.with(s.k_full[stage]), tKg(_, n), tKs(_, stage));
+      Barrier::arrive_and_expect_tx(&s.v_full[stage], Traits::kTileBytes);
+      copy(params.tma_v.with(s.v_full[stage]), tVg(_, n), tVs(_, stage));
+    }
+    if (tile.kind == kTileToken) {
+      stage_token_ids<kBlockN, 32>(s.aux[stage], doc, grp, tile.col0, p.kv_len, lane);
+    } else if (tile.kind == kTilePool) {
+      stage_pool_rows<kBlockM, Traits::kPoolWords, 32>(s.aux[stage], m, tile.pool, 0, lane);
+    }
+    arrive_after_staging(&s.k_full[stage]);
+  }
+}
+
+// Masks the score fragment by tile kind from the staged mask data; FULL tiles never get here.
+template <class Traits, class TS, class TC>
+__forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile& tile, const OmniFwdParams& p,
+                                            int qpos0, const int* q_ids, const int* aux) {
+  switch (tile.kind) {
+    case kTileColLimit: mask_col_limit(acc_s, c, p.kv_len - tile.col0); break;
+    case kTileCausal: mask_causal(acc_s, c, qpos0, tile.col0); break;
+    default: {
+      FragmentBits<decltype(size(acc_s))::value> bits;
+      if (tile.kind == kTileToken) {
+        token_bits<Traits::kBlockM, Traits::kBlockN>(bits, c, q_ids, aux, qpos0, tile.col0, p.mask.window);
+      } else {
+        pool_bits(bits, c, staged_pool_view<Traits::kBlockM, Traits::kPoolWords>(aux), p.kv_len - tile.col0);
+      }
+      bits.apply(acc_s);
+    }
+  }
+}
+
+// Consumer warpgroups: the attention of their 64 query rows, then the epilogue.
+template <class Traits, bool kSoftcap, class Storage>
+__forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int b, int h, int row0, int qpos0,
+                                        int n_tiles) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
+  const int wg = ctid / 128;
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);
+  Tensor tOrVt = thr_pv.partition_fragment_B(sVt);
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc_o);
+  const Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+  const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * float(M_LOG2E);
+  OnlineSoftmax<decltype(size<0>(rowcol(acc_o)))::value> softmax;
+  Barrier::wait(&s.q_full, 0);
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % Traits::kStages;
+    const int phase = (t / Traits::kStages) & 1;
+    Barrier::wait(&s.k_full[stage], phase);
+    const KvTile tile = s.tile[stage];
+    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
+    gemm_wait<0>(acc_s);
+    if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
+    if (tile.kind != kTileFull) mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
+
+    auto s_rc = rowcol(acc_s);
+    auto o_rc = rowcol(acc_o);
+    softmax.update(s_rc, o_rc, scale_log2);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
+    Barrier::wait(&s.v_full[stage], phase);
+    gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, stage), acc_o);
+    gemm_wait<0>(acc_o);
+    Barrier::arrive(&s.empty[stage]);
+  }
+
+  // Epilogue: normalise, stage this warpgroup's 64 rows of O in its rows of Q's buffer, store 16-byte rows.
+  float lse[decltype(size<0>(rowcol(acc_o)))::value];
+  {
+    auto o_rc = rowcol(acc_o);
+    softmax.finalize(o_rc, scale_log2, lse);
+  }
+  Tensor rO = convert_fragment<Element>(acc_o);
+  copy(rO, thr_pv.partition_C(sQ));
+  named_barrier_sync(kEpilogueBarrier + wg, 128);
+
+  using StoreThreads = Layout<Shape<_16, _8>, Stride<_8, _1>>;
+  auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
+                                  Layout<Shape<_1, _8>>{});
+  auto store_thr = store_op.get_thread_slice(ctid % 128);
+  const int wg_row0 = row0 + wg * 64;
+  Tensor sO = local_tile(sQ, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, _0{}));
+  Element* out = static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
+                 int64_t(wg_row0) * p.out.stride_s;
+  Tensor gO = make_tensor(make_gmem_ptr(out), Shape<_64, Int<kHeadDim>>{}, make_stride(p.out.stride_s, _1{}));
+  store_rows(store_op, store_thr.partition_S(sO), store_thr.partition_D(gO),
+             store_thr.partition_S(make_identity_tensor(Shape<_64, Int<kHeadDim>>{})), p.q_len - wg_row0);
+
+  auto c_rc = rowcol(thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
+  float* lse_row = p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0;
+  if (get<1>(c_rc(0, 0)) == 0) {  // the quad's first thread holds column 0 of its rows
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(c_rc); ++r) {
+      const int row = get<0>(c_rc(r, 0));
+      if (row < p.q_len - row0) lse_row[row] = lse[r];
+    }
+  }
+}
+
+template <class Traits, bool kSoftcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Storage = typename Traits::SharedStorage;
+  extern __shared__ __align__(1024) char smem[];
+  Storage& s = *reinterpret_cast<Storage*>(smem);
+  const OmniFwdParams& p = params.p;
+  const int h = blockIdx.x;
+  const int q_block = gridDim.y - 1 - blockIdx.y;  // later query blocks see more keys: launch them first
+  const int b = blockIdx.z;
+  const int row0 = q_block * Traits::kBlockM;
+  const int qpos0 = row0 + p.kv_len - p.q_len;  // bottom-right alignment
+  const int h_kv = h / (p.heads_q / p.heads_kv);
+  const KvTileWalker<Traits::kBlockN> walker(p.mask.kv, b, p.mask.heads == 1 ? 0 : h, q_block);
+  const int n_tiles = walker.num_tiles(p.mask.block_kv);
+
+  if (threadIdx.x == 0) {
+    Barrier::init(&s.q_full, kFullArrivals);
+    for (int i = 0; i < Traits::kStages; ++i) {
+      Barrier::init(&s.k_full[i], kFullArrivals);
+      Barrier::init(&s.v_full[i], 1);
+      Barrier::init(&s.empty[i], Traits::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (threadIdx.x < 32) produce<Traits>(params, s, b, h, h_kv, q_block, qpos0, walker, n_tiles);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    consume<Traits, kSoftcap>(p, s, b, h, row0, qpos0, n_tiles);
+  }
+#endif
+}
+
+}  // namespace omni::sm90

@@ -1,0 +1,39 @@
+// Host launcher of the sm_90a forward for one (dtype, head dim): builds the TMA descriptors and launches.
+// Included only by the instantiation files in sm90/inst/.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "dispatch.cuh"
+#include "sm90/fwd_api.cuh"
+#include "sm90/fwd_kernel.cuh"
+#include "status.cuh"
+
+namespace omni::sm90 {
+
+template <class Traits, bool kSoftcap>
+int launch_fwd_kernel(const OmniFwdParams& p) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const FwdParams<Traits> params{
+      p,
+      make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
+      make_tma_load<Element, kHeadDim>(p.k, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutK{})),
+      make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{}))};
+  auto kernel = fwd_kernel<Traits, kSoftcap>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                         "cudaFuncSetAttribute(sm90 fwd_kernel)"))
+    return s;
+  const dim3 grid(p.heads_q, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
+  kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(params);
+  return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
+}
+
+template <typename Element, int kHeadDim>
+int run_fwd(const OmniFwdParams& p) {
+  return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
+    return launch_fwd_kernel<FwdTraits<Element, kHeadDim>, softcap()>(p);
+  });
+}
+
+}  // namespace omni::sm90

@@ -1,0 +1,41 @@
+// When omni_fwd takes the sm_90a forward (host code only).
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "sm90/fwd_api.cuh"
+#include "sm90/tma.cuh"
+
+namespace omni::sm90 {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Compute capability major * 10 + minor of each device, looked up once (0: not yet known).
+bool device_is_sm90() {
+  static int capability[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  if (capability[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    capability[device] = major * 10 + minor;
+  }
+  return capability[device] == 90;
+}
+
+bool disabled_by_env() {
+  const char* v = std::getenv("OMNI_HF_DISABLE_SM90");
+  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+}  // namespace
+
+bool fwd_supported(const OmniFwdParams& p) {
+  return p.mask.block_q == 128 && p.mask.block_kv == 128 && p.kv_len > 0 && !disabled_by_env() &&
+         device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
+         tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
+}
+
+}  // namespace omni::sm90

@@ -1,0 +1,72 @@
+// Compile-time configuration of the sm_90a forward: tile sizes, the warpgroup roles, the wgmma tiled MMAs,
+// the 128-byte swizzled shared-memory layouts that TMA writes and wgmma reads, and the shared storage.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "kv_tiles.cuh"
+
+namespace omni::sm90 {
+
+using namespace cute;
+
+template <typename Element_, int kHeadDim_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  // One CTA per 128-row query block (the mask's block_q); key tiles of 128 columns (= block_kv).
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  // Warpgroup 0 produces (TMA and mask data, one warp busy), warpgroups 1 and 2 consume 64 query rows each.
+  static constexpr int kConsumerWGs = kBlockM / 64;
+  static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  // Register split for setmaxnreg: 24 * 128 + 240 * 256 <= 64K registers of the SM.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  // S = Q K^T: both operands K-major in smem; one 64-row wgmma atom per consumer warpgroup.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<64>, Int<kBlockN>, Int<kHeadDim>>>(),
+      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  // O += P V: P from registers, V^T (kHeadDim x kBlockN) MN-major in smem.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<64>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+
+  // Rows of 64 elements (128 bytes) swizzled in 8-row atoms; a 128-element head dim takes two column halves.
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V is loaded exactly like K (key rows, head dim contiguous). Seen as V^T [kHeadDim, kBlockN] it is the
+  // MN-major atom tiled along the keys first, which is the same bytes (fwd_traits_check in fwd_launch.cuh).
+  using SmemLayoutV = SmemLayoutK;
+  using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                              Step<_2, _1, _3>{}));
+
+  // Per-tile mask data (tile_aux.cuh): the columns' [doc, grp] ids or the pool rows of the tile.
+  static constexpr int kPoolWords = kBlockN / 32;
+  static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
+
+  struct SharedStorage {
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // reused for the output tile in the epilogue
+    alignas(1024) Element k[cosize_v<SmemLayoutK>];
+    alignas(1024) Element v[cosize_v<SmemLayoutV>];
+    alignas(16) int q_ids[2 * kBlockM];           // [doc, grp] of the query rows (token rule)
+    alignas(16) int aux[kStages][kAuxInts];
+    KvTile tile[kStages];                          // what the producer decoded for each stage
+    alignas(8) uint64_t q_full;                    // Q and q_ids landed
+    uint64_t k_full[kStages];                      // K tile, its descriptor and its mask data landed
+    uint64_t v_full[kStages];                      // V tile landed
+    uint64_t empty[kStages];                       // every consumer thread is done with the stage
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static constexpr int kTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+};
+
+}  // namespace omni::sm90

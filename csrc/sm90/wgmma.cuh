@@ -1,0 +1,59 @@
+// Warpgroup MMA (wgmma) issue and the register views of its accumulators that softmax and P.V need.
+#pragma once
+#include <cute/tensor.hpp>
+
+namespace omni::sm90 {
+
+using namespace cute;
+
+// Issues C (+)= A B over every k block as one wgmma batch and commits it. The caller waits with
+// warpgroup_wait<N>() before reading C, so independent work can run while the tensor cores do.
+// A comes from registers (RS) or smem descriptors (SS); kZeroInit skips reading C's old value.
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+__forceinline__ __device__ void gemm_issue(TiledMma& mma, const TA& a, const TB& b, TC& c) {
+  constexpr bool kRegisterA = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+// Waits until at most kPending committed wgmma batches of this warpgroup are still in flight.
+template <int kPending, class TC>
+__forceinline__ __device__ void gemm_wait(TC& c) {
+  warpgroup_wait<kPending>();
+  warpgroup_fence_operand(c);
+}
+
+// ((2, 2, V), MMA_M, MMA_N) wgmma accumulator -> ((2, MMA_M), (2, V, MMA_N)) = (rows, cols) of this thread.
+// Mode 0 is (column pair, row + 8, 8-column chunk); like mma.sync, a row is spread over a quad of threads.
+template <class Layout>
+__forceinline__ __device__ auto rowcol_layout(Layout layout) {
+  static_assert(decltype(rank(layout))::value == 3, "expected an (MMA, MMA_M, MMA_N) layout");
+  auto l = get<0>(layout);
+  return make_layout(make_layout(get<1>(l), get<1>(layout)), make_layout(get<0>(l), get<2>(l), get<2>(layout)));
+}
+
+template <class Tensor>
+__forceinline__ __device__ auto rowcol(Tensor&& t) {
+  return make_tensor(t.data(), rowcol_layout(t.layout()));
+}
+
+// The accumulator of S as the register A operand of P.V: two neighbouring 8-column chunks of S hold exactly
+// the registers of one k16 slice of A, so the same (converted) registers are only re-viewed.
+template <class Layout>
+__forceinline__ __device__ auto acc_as_a_operand_layout(Layout layout) {
+  auto l = logical_divide(get<0>(layout), Shape<Underscore, Underscore, _2>{});  // (2, 2, (2, V / 2))
+  return make_layout(make_layout(get<0>(l), get<1>(l), get<2, 0>(l)), get<1>(layout),
+                     make_layout(get<2, 1>(l), get<2>(layout)));
+}
+
+}  // namespace omni::sm90
