@@ -1,6 +1,6 @@
 """Time `OmniBlockMask.from_token_ids` on a packed VLM layout (issue 2's target: <= 2 ms CPU, <= 0.2 ms GPU).
 
-    python benchmarks/bench_mask.py [--seq-len 32768] [--device cpu|cuda] [--threads 1]
+    python -m benchmarks.bench_mask [--seq-len 32768] [--device cpu|cuda] [--threads 1]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from layouts import vlm_token_ids
+from benchmarks.layouts import vlm_ids
 from omni_hf import OmniBlockMask
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    doc, grp = (t.to(args.device) for t in vlm_token_ids(args.seq_len))
+    doc, grp = (torch.from_numpy(ids)[None].to(args.device) for ids in vlm_ids(args.seq_len))
     times = time_build(doc, grp, args.repeats)
     mask = OmniBlockMask.from_token_ids(doc, grp)
     types, _ = mask.block_table()

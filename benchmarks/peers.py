@@ -1,0 +1,113 @@
+"""The implementations compared, each as ``fn(q, k, v) -> out`` over ``[B, H, S, D]`` tensors.
+
+- ``omni``: `omni_hf.omni_attention` with omni's own mask (one entry per omni block size);
+- ``flex``: ``torch.compile(flex_attention)`` with a ``create_block_mask`` of the layout's ``mask_mod``
+  (GQA through ``enable_gqa``);
+- ``sdpa-fa2`` / ``sdpa-cudnn`` / ``sdpa-eff``: SDPA forced onto one backend with ``is_causal=True`` where
+  the mask is causal; ``sdpa-eff+mask`` / ``sdpa-cudnn+mask`` with the dense bool mask otherwise (what
+  Transformers' "sdpa" hands SDPA for such masks, K/V repeated per query head as Transformers does);
+- ``eager``: ``softmax(q k^T) v`` with the dense mask, as Transformers' "eager", at small sizes only.
+
+A peer that cannot run a case is returned with ``skipped`` set to the reason instead of a function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from omni_hf import OmniBlockMask, omni_attention
+
+EAGER_MAX_SCORES = 1 << 27  # B * Hq * S * S score elements above which eager is not run
+
+Fn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass
+class Peer:
+    """One implementation for one case: ``fn`` or, when it cannot run, ``skipped`` (the reason)."""
+
+    name: str
+    fn: Fn | None = None
+    skipped: str | None = None
+    mask_mib: float = 0.0  # memory held by this peer's mask structures
+
+
+def tensor_mib(*tensors: torch.Tensor | None) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) / (1 << 20)
+
+
+def omni(mask: OmniBlockMask, scale: float) -> Peer:
+    fields = [getattr(mask, f.name) for f in dataclasses.fields(mask)]
+    return Peer(f"omni b{mask.block_q}", lambda q, k, v: omni_attention(q, k, v, mask, scale=scale),
+                mask_mib=tensor_mib(*fields))
+
+
+def flex(block_mask, scale: float, gqa: bool) -> Peer:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return Peer("flex", lambda q, k, v: compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa),
+                mask_mib=tensor_mib(*block_mask.as_tuple()))
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V with each head repeated for its query heads (Transformers' ``repeat_kv``)."""
+    groups = heads_q // k.shape[1]
+    return (k, v) if groups == 1 else (k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1))
+
+
+def sdpa(backend_name: str, scale: float, dense: torch.Tensor | None) -> Peer:
+    """SDPA on one backend: ``is_causal`` when ``dense`` is None, else the dense bool mask (K/V repeated)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+               "eff": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+    if dense is None:
+        def fn(q, k, v):
+            if backend_name == "eff":  # the memory-efficient kernel has no native GQA
+                k, v = _repeat_kv(k, v, q.shape[1])
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                      enable_gqa=k.shape[1] != q.shape[1])
+        return Peer(f"sdpa-{backend_name}", fn)
+    mask = dense[None, None]
+
+    def fn_masked(q, k, v):
+        k, v = _repeat_kv(k, v, q.shape[1])
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    return Peer(f"sdpa-{backend_name}+mask", fn_masked, mask_mib=tensor_mib(dense))
+
+
+def eager(scale: float, dense: torch.Tensor) -> Peer:
+    """Transformers' eager attention: scores in the input dtype, softmax in float32."""
+    def fn(q, k, v):
+        k, v = _repeat_kv(k, v, q.shape[1])
+        scores = (q @ k.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~dense, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    return Peer("eager", fn, mask_mib=tensor_mib(dense))
+
+
+def for_case(omni_masks: list[OmniBlockMask], block_mask, dense: torch.Tensor | None, dense_skip: str | None,
+             is_causal: bool, heads_q: int, heads_kv: int, scale: float) -> list[Peer]:
+    """Every peer of one case, in report order. ``dense_skip`` says why ``dense`` is None."""
+    peers = [omni(mask, scale) for mask in omni_masks]
+    peers.append(flex(block_mask, scale, heads_q != heads_kv))
+    if is_causal:
+        peers += [sdpa(name, scale, None) for name in ("fa2", "cudnn", "eff")]
+    for name in ("eff", "cudnn") if not is_causal else ():
+        peers.append(sdpa(name, scale, dense) if dense is not None else Peer(f"sdpa-{name}+mask", skipped=dense_skip))
+    seq_len = block_mask.seq_lengths[0]
+    if heads_q * seq_len * seq_len > EAGER_MAX_SCORES:
+        peers.append(Peer("eager", skipped=f"small sizes only (B*Hq*S*S > 2^{EAGER_MAX_SCORES.bit_length() - 1})"))
+    elif dense is None:
+        peers.append(Peer("eager", skipped=dense_skip))
+    else:
+        peers.append(eager(scale, dense))
+    return peers

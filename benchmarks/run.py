@@ -1,0 +1,275 @@
+"""omni vs torch.compile(flex_attention) vs SDPA (each backend) vs eager: every peer in one run, on one GPU.
+
+    python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
+                             [--no-backward] [--out DIR]
+
+For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed:
+omni's builder on the GPU, Flex's compiled ``create_block_mask``, the collator on the CPU for the VLM
+layout), draw fresh random inputs, compute the float32 reference (`omni_hf.reference` with the layout's
+own dense mask), then for each peer check its output (and, with backward, its gradients) against the
+reference and only then time it: median ms by ``triton.testing.do_bench``, TFLOP/s over the allowed pairs
+(4 * D flops per pair forward, 2.5x that backward), peak memory. One progress line per case; at the end a
+table on stdout, ``suite_<GPU>.json`` and ``speedup_<shape>.png`` in ``--out`` (default ``$OUT`` if set,
+else ``benchmarks/results/``). `benchmarks.report` and `benchmarks.plot` redo the tables and plots from
+the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import os
+import platform
+import shlex
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+from benchmarks import layouts, measure, peers, report
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEVICE = "cuda"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    dim: int
+    dtype: torch.dtype
+    seqlens: tuple[int, ...]
+    blocks: tuple[int, ...]  # omni block sizes (each its own peer)
+
+
+SHAPES = {
+    "realistic": Shape("realistic", 1, 32, 8, 128, torch.bfloat16, (4096, 8192, 16384, 32768), (128,)),
+    "small": Shape("small", 1, 8, 8, 64, torch.float16, (512, 1024, 2048), (64, 128)),
+}
+QUICK_SEQLENS = {"realistic": (8192,), "small": (1024,)}
+
+
+class Case:
+    """One shape, mask and length on the GPU: the masks of every peer, the inputs and the reference."""
+
+    def __init__(self, shape: Shape, layout: layouts.Layout, backward: bool):
+        self.shape, self.layout, self.backward = shape, layout, backward
+        seq_len, device = layout.seq_len, DEVICE
+        self.scale = shape.dim ** -0.5
+        self.pairs = layout.allowed_pairs()
+        self.build_ms: dict[str, dict[str, float]] = {}
+        self.omni_masks = [self._timed(f"omni b{b}", lambda b=b: self._omni_mask(b)) for b in shape.blocks]
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        compiled = torch.compile(create_block_mask)  # as Flex's docs advise for long sequences
+        self.block_mask = self._timed("flex", lambda: self._flex_mask(compiled))
+        if layout.name == "vlm":
+            self._time_collator()
+        self.dense, self.dense_skip = None, None
+        try:
+            self.dense = layout.dense(device)
+        except torch.OutOfMemoryError as err:
+            self.dense_skip = f"dense S x S mask: {measure.describe_error(err)}"
+        gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{shape.name} {layout.name} {seq_len}".encode()))
+        q_shape = (shape.batch, shape.heads_q, seq_len, shape.dim)
+        kv_shape = (shape.batch, shape.heads_kv, seq_len, shape.dim)
+        self.q, self.k, self.v, self.dout = (torch.randn(s, generator=gen, device=device, dtype=shape.dtype)
+                                             for s in (q_shape, kv_shape, kv_shape, q_shape))
+        start = time.perf_counter()
+        self.want_fwd, self.want_fwd_bwd = self._reference()
+        self.reference_s = time.perf_counter() - start
+
+    def _omni_mask(self, block: int):
+        ids = self.layout.token_ids(DEVICE) if self.layout.token_rule else None
+        return self.layout.omni_mask(block, DEVICE, ids)
+
+    def _flex_mask(self, create_block_mask):
+        seq_len = self.layout.seq_len
+        return create_block_mask(self.layout.mask_mod(DEVICE), None, None, seq_len, seq_len, device=DEVICE)
+
+    def _timed(self, name: str, build):
+        first, median = measure.build_ms(build, repeats=5, cuda=DEVICE == "cuda")
+        self.build_ms[name] = {"first": first, "median": median}
+        return build()
+
+    def _time_collator(self) -> None:
+        from omni_hf.collator import OmniCollator
+
+        samples = layouts.collator_samples(self.layout)
+        for block in self.shape.blocks:
+            collate = OmniCollator(0, mode="pack", max_length=self.layout.seq_len, return_block_mask=True,
+                                   block_size=block)
+            first, median = measure.build_ms(lambda: collate(samples), repeats=5, cuda=False)
+            self.build_ms[f"collator b{block}"] = {"first": first, "median": median}
+
+    def _reference(self):
+        """float32 out and (with backward) out, dq, dk, dv of `omni_hf.reference` on the layout's dense mask
+        (omni's own mask where the dense one did not fit)."""
+        from omni_hf import reference
+
+        mask = self.dense if self.dense is not None else self.omni_masks[-1]
+        qf, kf, vf = (t.float() for t in (self.q, self.k, self.v))
+        out, lse = reference.attention_forward(qf, kf, vf, mask, self.scale)
+        if not self.backward:
+            return (out,), None
+        grads = reference.attention_backward(self.dout.float(), qf, kf, vf, out, lse, mask, self.scale)
+        return (out,), (out, *grads)
+
+    def flops(self, mode: str) -> float:
+        per_pass = 4.0 * self.shape.dim * self.shape.heads_q * self.shape.batch * self.pairs
+        return per_pass * (3.5 if mode == "fwd_bwd" else 1.0)
+
+    def peers(self) -> list[peers.Peer]:
+        shape = self.shape
+        return peers.for_case(self.omni_masks, self.block_mask, self.dense, self.dense_skip, self.layout.is_causal,
+                              shape.heads_q, shape.heads_kv, self.scale)
+
+    def measure_peer(self, peer: peers.Peer) -> dict:
+        """The row of one peer: ``fwd`` and ``fwd_bwd`` entries (see `benchmarks.report`)."""
+        row = {"peer": peer.name, "mask_mib": round(peer.mask_mib, 2)}
+        modes = {"fwd": (lambda: measure.forward_fn(peer.fn, self.q, self.k, self.v), self.want_fwd, ("out",))}
+        if self.backward:
+            modes["fwd_bwd"] = (lambda: measure.forward_backward_fn(peer.fn, self.q, self.k, self.v, self.dout),
+                                self.want_fwd_bwd, ("out", "dq", "dk", "dv"))
+        for mode, (make_run, want, names) in modes.items():
+            row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(make_run(), mode, want, names)
+            torch.cuda.empty_cache()
+        return row
+
+    def _measure(self, run, mode: str, want: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> dict:
+        """Check ``run`` against ``want``, then time it and take its peak memory."""
+        try:
+            got = run()
+            errors = measure.check(got if isinstance(got, tuple) else (got,), want, names)
+            del got
+            ms = measure.median_ms(run)
+            return {"ms": ms, "tflops": self.flops(mode) / ms * 1e-9, "peak_mib": measure.peak_mib(run),
+                    "errors": errors}
+        except measure.CheckFailed as err:
+            return {"failed": f"check: {err}"}
+        except Exception as err:  # noqa: BLE001 - a peer that breaks is reported; the others still run
+            reason = measure.skip_reason(err)
+            return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
+
+    def record(self, rows: list[dict]) -> dict:
+        s = self.shape
+        return {"shape": s.name, "mask": self.layout.name, "seq_len": self.layout.seq_len, "batch": s.batch,
+                "heads_q": s.heads_q, "heads_kv": s.heads_kv, "head_dim": s.dim, "dtype": str(s.dtype).split(".")[-1],
+                "window": self.layout.window, "allowed_pairs": self.pairs,
+                "density": self.pairs / self.layout.seq_len ** 2, "omni_builder": self.layout.omni_builder,
+                "build_ms": self.build_ms,
+                "reference_mask": "layout dense" if self.dense is not None else "omni (dense did not fit)",
+                "reference_s": round(self.reference_s, 3), "rows": rows}
+
+
+def run_case(shape: Shape, mask: str, seq_len: int, backward: bool) -> dict:
+    torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
+    case = Case(shape, layouts.build(mask, seq_len), backward)
+    rows = [case.measure_peer(peer) for peer in case.peers()]
+    record = case.record(rows)
+    del case
+    torch.cuda.empty_cache()
+    return record
+
+
+def progress_line(record: dict, seconds: float) -> str:
+    cells = []
+    for row in record["rows"]:
+        cell = "|".join(report.cell(row.get(mode), "tflops", ".0f") for mode in report.MODES)
+        cells.append(f"{row['peer']} {cell}")
+    builds = ", ".join(f"{name} {b['median']:.2f}" for name, b in record["build_ms"].items())
+    return (f"{record['shape']} {record['mask']} S={record['seq_len']}: TFLOP/s fwd|f+b: {'; '.join(cells)}. "
+            f"Build ms: {builds}; reference {record['reference_s']:.1f} s; case {seconds:.0f} s")
+
+
+def environment() -> dict:
+    """GPU, library versions and which omni library (and kernel path) ran."""
+    import transformers
+    import triton
+
+    from omni_hf import _cuda
+
+    lib = Path(_cuda._library()._name)
+    data = lib.read_bytes()
+    major, minor = torch.cuda.get_device_capability()
+    disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
+    has_sm90 = b"OMNI_HF_DISABLE_SM90" in data  # the Hopper dispatch reads this variable
+    return {
+        "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "torch": torch.__version__,
+        "triton": triton.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(), "host": platform.node(),
+        "omni_library": str(lib), "omni_library_sha256": hashlib.sha256(data).hexdigest()[:16],
+        "omni_path": "sm90 (Hopper)" if major == 9 and has_sm90 and not disabled else "sm80 (mma.sync)",
+        "OMNI_HF_DISABLE_SM90": os.environ.get("OMNI_HF_DISABLE_SM90"),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"one length per shape: {QUICK_SEQLENS}")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated of {tuple(SHAPES)}")
+    parser.add_argument("--masks", default=",".join(layouts.MASKS), help=f"comma-separated of {layouts.MASKS}")
+    parser.add_argument("--seqlens", default=None, help="comma-separated lengths for every shape (default: "
+                        "each shape's own)")
+    parser.add_argument("--no-backward", action="store_true", help="forward only")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
+    args = parser.parse_args(argv)
+    for name, allowed in (("shapes", SHAPES), ("masks", layouts.MASKS)):
+        bad = set(getattr(args, name).split(",")) - set(allowed)
+        if bad:
+            parser.error(f"--{name}: unknown {sorted(bad)}; expected some of {tuple(allowed)}")
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[tuple[Shape, str, int]]:
+    """The (shape, mask, length) cases the arguments ask for, in run order."""
+    cases = []
+    for shape in (SHAPES[name] for name in args.shapes.split(",")):
+        if args.seqlens:
+            seqlens = tuple(int(s) for s in args.seqlens.split(","))
+        else:
+            seqlens = QUICK_SEQLENS[shape.name] if args.quick else shape.seqlens
+        cases += [(shape, mask, s) for mask in args.masks.split(",") for s in seqlens]
+    return cases
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from omni_hf import _cuda
+
+    if not _cuda.available():
+        raise SystemExit(f"omni_hf CUDA library unavailable: {_cuda._load_error()}")
+    os.environ.setdefault("OMNI_HF_BACKEND", "cuda")  # never time the reference by accident
+    meta = environment()
+    meta["command"] = "python -m benchmarks.run " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
+    meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print(f"{meta['device']}, torch {meta['torch']}, omni path {meta['omni_path']}: {meta['command']}", flush=True)
+    start, records = time.time(), []
+    todo = plan(args)
+    out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS)
+    path = out_dir / f"suite_{meta['device'].replace(' ', '_')}.json"
+    result = {"meta": meta, "cases": records}
+    for index, (shape, mask, seq_len) in enumerate(todo, 1):
+        case_start = time.time()
+        records.append(run_case(shape, mask, seq_len, not args.no_backward))
+        print(f"[{index}/{len(todo)}] {progress_line(records[-1], time.time() - case_start)}", flush=True)
+        meta["seconds"] = round(time.time() - start, 1)
+        report.write_json(path, result)  # after every case, so a run cut short keeps what it measured
+    try:
+        from benchmarks.plot import plot
+
+        pngs = [str(p) for p in plot(result, out_dir)]
+    except ImportError as err:
+        pngs = [f"no plots ({err}); make them with: python -m benchmarks.plot {path}"]
+    print("\n" + report.summary(result))
+    print(f"\nwrote {path}; {'; '.join(pngs)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The benchmark suite's own logic on the CPU: masks against their definitions, the peers' masks against
+omni's, the eager peer against the reference, checks, and the JSON / table / plot round trip.
+GPU parts (a whole case through `benchmarks.run`) skip without CUDA and the omni_hf CUDA library."""
+
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
+
+from brute_force import causal_dense, token_rule_dense  # noqa: E402
+from benchmarks import layouts, measure, peers, report, run
+from omni_hf import reference  # noqa: E402
+
+
+def fresh_seed() -> int:
+    return random.randrange(2**31)
+
+
+def runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """(id, start, end) of every run of equal ids, in a plain loop."""
+    out, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[start]:
+            out.append((int(ids[start]), start, i))
+            start = i
+    return out
+
+
+def block_table_dense(table: layouts.BlockTable, seq_len: int) -> torch.Tensor:
+    """bool [S, S] filled block by block from the table, in Python (the random layout's definition)."""
+    dense = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    s = table.size
+    triangle = torch.ones(s, s).tril().bool()
+    for qb in range(seq_len // s):
+        for kb in range(seq_len // s):
+            kind = int(table.types[qb, kb])
+            tile = {1: torch.ones(s, s, dtype=torch.bool), 2: triangle, 0: torch.zeros(s, s, dtype=torch.bool),
+                    3: torch.from_numpy(table.pool[max(int(table.pattern[qb, kb]), 0)])}[kind]
+            dense[qb * s:(qb + 1) * s, kb * s:(kb + 1) * s] = tile
+    return dense
+
+
+def definition_dense(layout: layouts.Layout) -> torch.Tensor:
+    """bool [S, S] of the layout from the definitions in tests/brute_force.py (or the block table)."""
+    if layout.name == "causal":
+        return causal_dense(layout.seq_len, layout.seq_len)
+    if layout.name == "random_blocks":
+        return block_table_dense(layout.blocks, layout.seq_len)
+    doc, grp = (torch.from_numpy(x)[None] for x in (layout.doc, layout.grp))
+    return token_rule_dense(doc, grp, layout.seq_len, layout.window)[0, 0]
+
+
+def small_length(mask: str, rng: random.Random) -> int:
+    if mask == "random_blocks":
+        return 128 * rng.randint(2, 6)
+    if mask == "vlm":
+        return rng.randint(2100, 2600)  # more than one packed document
+    return rng.randint(200, 900)
+
+
+@pytest.mark.parametrize("mask", layouts.MASKS)
+def test_layout_dense_mask_and_pair_count_match_the_definition(mask):
+    rng = random.Random(fresh_seed())
+    seq_len, seed = small_length(mask, rng), rng.randrange(2**31)
+    layout = layouts.build(mask, seq_len, seed)
+    want = definition_dense(layout)
+    assert torch.equal(layout.dense(), want), f"{mask} S={seq_len} seed={seed}"
+    assert layout.allowed_pairs() == int(want.sum()), f"{mask} S={seq_len} seed={seed}"
+
+
+@pytest.mark.parametrize("mask", layouts.MASKS)
+@pytest.mark.parametrize("block", [64, 128])
+def test_omni_mask_equals_the_dense_mask_sdpa_receives_and_the_flex_mask(mask, block):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rng = random.Random(fresh_seed())
+    seq_len = 128 * rng.randint(2, 4) if mask in ("random_blocks", "vlm") else rng.randint(130, 500)
+    layout = layouts.build(mask, seq_len, rng.randrange(2**31))
+    dense = layout.dense()
+    omni = layout.omni_mask(block)
+    assert (omni.block_q, omni.block_kv) == (block, block)
+    assert torch.equal(omni.to_dense()[0, 0], dense)
+    flex = create_block_mask(layout.mask_mod(), None, None, seq_len, seq_len, device="cpu")
+    q, kv = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    blocks = flex.to_dense()[0, 0].bool()  # Flex's partial and full blocks
+    flex_q, flex_kv = flex.BLOCK_SIZE
+    flex_dense = blocks[q // flex_q, kv // flex_kv] & layout.mask_mod()(0, 0, q, kv)
+    assert torch.equal(flex_dense, dense)
+
+
+def test_token_rule_pairs_counts_random_runs_with_a_window():
+    rng = np.random.default_rng(fresh_seed())
+    seq_len = int(rng.integers(50, 400))
+    doc = np.repeat(np.arange(seq_len), rng.integers(1, 80, seq_len))[:seq_len].astype(np.int32)
+    grp = np.full(seq_len, -1, np.int32)
+    for index, (_, start, end) in enumerate(runs(doc)):
+        a = int(rng.integers(start, end))
+        grp[a:int(rng.integers(a + 1, end + 1))] = index
+    window = int(rng.integers(1, 60))
+    want = token_rule_dense(torch.from_numpy(doc)[None], torch.from_numpy(grp)[None], seq_len, window)
+    assert layouts.token_rule_pairs(doc, grp, window) == int(want.sum())
+
+
+def test_vlm_layout_packs_documents_of_text_and_576_token_images():
+    seq_len = 3 * 8192
+    doc, grp = layouts.vlm_ids(seq_len, seed=fresh_seed())
+    documents = runs(doc)
+    assert [d for d, _, _ in documents] == list(range(len(documents))) and len(documents) >= 4
+    assert all(2048 <= end - start <= 6144 for _, start, end in documents[:-1])
+    images = [r for r in runs(grp) if r[0] >= 0]
+    assert [g for g, _, _ in images] == list(range(len(images)))
+    for _, start, end in images:
+        assert doc[start] == doc[end - 1], "an image crosses a document boundary"
+        assert end - start == 576 or end == seq_len or doc[end] != doc[end - 1], "only a document's end cuts an image"
+    assert len(images) >= 3 * len(documents)  # documents of 2k-6k hold several images each
+
+
+def test_collator_packs_the_vlm_layout_back_into_its_ids():
+    from omni_hf.collator import OmniCollator
+
+    seq_len = random.randint(5000, 9000)
+    layout = layouts.build("vlm", seq_len, fresh_seed())
+    batch = OmniCollator(0, mode="pack", max_length=seq_len)(layouts.collator_samples(layout))
+    assert np.array_equal(batch["omni_doc_ids"][0].numpy(), layout.doc)
+    assert np.array_equal(batch["omni_group_ids"][0].numpy(), layout.grp)
+
+
+def test_random_block_layout_mixes_every_block_type_and_keeps_the_diagonal_causal():
+    table = layouts.random_block_table(128 * 24, seed=fresh_seed())
+    kinds = set(np.unique(table.types[np.tril_indices(24, -1)]).tolist())
+    assert kinds == {0, 1, 3}  # MASKED, FULL, PARTIAL below the diagonal
+    assert (np.diag(table.types) == 2).all() and not np.triu(table.types, 1).any()
+    assert ((table.pattern >= 0) == (table.types == 3)).all()
+
+
+def test_eager_peer_computes_masked_attention():
+    torch.manual_seed(fresh_seed())
+    layout = layouts.build("prefix_lm", 300, fresh_seed())
+    dense = layout.dense()
+    q, k, v = torch.randn(1, 4, 300, 32), torch.randn(1, 2, 300, 32), torch.randn(1, 2, 300, 32)
+    want, _ = reference.attention_forward(q.double(), k.double(), v.double(), dense)
+    got = peers.eager(32 ** -0.5, dense).fn(q, k, v)
+    assert measure.rel_err(got, want) < 1e-5
+
+
+def test_check_reports_each_tensor_and_fails_past_the_tolerance_or_on_nan():
+    want = torch.randn(1000)
+    close = want + 1e-4 * torch.randn(1000)
+    errors = measure.check((close, want), (want, want), ("out", "dq"))
+    assert errors["dq"] == 0 and 0 < errors["out"] < measure.MAX_REL_ERR
+    with pytest.raises(measure.CheckFailed, match="dq rel err"):
+        measure.check((close, want + 0.1 * want.norm() / math.sqrt(1000)), (want, want), ("out", "dq"))
+    nan = want.clone()
+    nan[3] = float("nan")
+    with pytest.raises(measure.CheckFailed, match="out"):
+        measure.check((nan,), (want,), ("out",))
+
+
+def test_skip_reason_separates_unsupported_inputs_from_failures():
+    assert "out of memory" in measure.skip_reason(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"))
+    assert "backend" in measure.skip_reason(RuntimeError("No available kernel. Aborting execution."))
+    assert measure.skip_reason(ValueError("q: expected 4 dims")) is None
+
+
+def test_quick_plan_runs_every_mask_once_per_shape():
+    args = run.parse_args(["--quick"])
+    cases = run.plan(args)
+    assert len(cases) == len(run.SHAPES) * len(layouts.MASKS)
+    assert {(shape.name, s) for shape, _, s in cases} == {(n, s) for n, ls in run.QUICK_SEQLENS.items() for s in ls}
+    chosen = run.plan(run.parse_args(["--masks", "vlm", "--shapes", "small", "--seqlens", "640"]))
+    assert [(shape.name, mask, s) for shape, mask, s in chosen] == [("small", "vlm", 640)]
+    with pytest.raises(SystemExit):
+        run.parse_args(["--masks", "vlm,bogus"])
+
+
+def synthetic_result(rng: random.Random) -> dict:
+    """A result of two lengths with timings drawn at random, a skipped and a failed entry."""
+    cases = []
+    for seq_len in (1024, 2048):
+        pairs = rng.randint(1, seq_len * seq_len)
+        rows = []
+        for peer in ("omni b128", "flex", "sdpa-eff+mask", "eager"):
+            entries = {}
+            for mode in report.MODES:
+                ms = rng.uniform(0.1, 10)
+                entries[mode] = {"ms": ms, "tflops": rng.uniform(1, 500), "peak_mib": rng.uniform(0, 900),
+                                 "errors": {"out": rng.uniform(0, 1e-2)}}
+            rows.append({"peer": peer, "mask_mib": rng.uniform(0, 10), **entries})
+        rows[2]["fwd_bwd"] = {"skipped": "out of memory (OutOfMemoryError: CUDA out of memory)"}
+        rows[3]["fwd"] = {"failed": "check: out rel err 3.0e-01 (> 2e-02)"}
+        cases.append({"shape": "small", "mask": "vlm", "seq_len": seq_len, "batch": 1, "heads_q": 8, "heads_kv": 8,
+                      "head_dim": 64, "dtype": "float16", "window": None, "allowed_pairs": pairs,
+                      "density": pairs / seq_len ** 2, "omni_builder": "from_token_ids",
+                      "build_ms": {"omni b128": {"first": 3.0, "median": rng.uniform(0.1, 2)}},
+                      "reference_mask": "layout dense", "reference_s": 0.1, "rows": rows})
+    return {"meta": {"device": "Test GPU", "torch": torch.__version__, "triton": "x", "transformers": "y",
+                     "cuda": "z", "omni_path": "sm80 (mma.sync)"}, "cases": cases}
+
+
+def test_json_round_trips_and_tables_show_speedups_skips_and_failures(tmp_path):
+    result = synthetic_result(random.Random(fresh_seed()))
+    path = report.write_json(tmp_path / "sub" / "r.json", result)
+    again = report.read_json(path)
+    assert again == result
+    assert report.summary(again, full=True) == report.summary(result, full=True)
+    case = result["cases"][1]
+    times = {row["peer"]: row["fwd"].get("ms") for row in case["rows"]}
+    assert report.speedup_vs_flex(case, "omni b128", "fwd") == pytest.approx(times["flex"] / times["omni b128"])
+    line = report.speed_table(result["cases"]).splitlines()[2]  # header, first case, second case
+    omni = case["rows"][0]
+    assert f"{omni['fwd']['tflops']:.0f}|{omni['fwd_bwd']['tflops']:.0f}" in line
+    assert f"{times['flex'] / times['omni b128']:.2f}|" in line
+    assert "|oom" in line and "FAIL|" in line
+    markdown = report.summary(result, markdown=True, full=True)
+    assert "| mask | S | density | omni b128 | flex |" in markdown and "Test GPU" in markdown
+
+
+def test_plot_writes_one_png_per_shape(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.plot import plot
+
+    result = synthetic_result(random.Random(fresh_seed()))
+    paths = plot(result, tmp_path)
+    assert [p.name for p in paths] == ["speedup_small.png"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _cuda_ready() -> bool:
+    from omni_hf import _cuda
+
+    return _cuda.available()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda_ready(), reason="CUDA device or omni_hf CUDA library unavailable")
+def test_one_case_on_the_gpu_checks_and_times_every_peer(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")
+    shape = run.Shape("small", 1, 4, 2, 64, torch.float16, (384,), (64, 128))
+    record = run.run_case(shape, "vlm", 384, backward=True)
+    by_peer = {row["peer"]: row for row in record["rows"]}
+    assert {"omni b64", "omni b128", "flex", "sdpa-eff+mask", "eager"} <= set(by_peer)
+    for name in ("omni b64", "omni b128", "flex", "eager"):
+        for mode in report.MODES:
+            entry = by_peer[name][mode]
+            assert entry["ms"] > 0 and max(entry["errors"].values()) < measure.MAX_REL_ERR, (name, mode, entry)
+    assert record["allowed_pairs"] == layouts.build("vlm", 384).allowed_pairs()
