@@ -5,8 +5,8 @@
 //     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it.
 //   warpgroups 1, 2 (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
 //     tiles run no mask code), online softmax in registers, O += P V by wgmma with P from registers.
-// setmaxnreg moves registers from the producer to the consumers. The two consumer warpgroups run
-// independently, so one's softmax overlaps the other's GEMMs.
+// setmaxnreg moves registers from the producer to the consumers. Within a consumer warpgroup the softmax of
+// one tile overlaps the GEMMs of its neighbours; across the two, named barriers alternate the GEMM issue.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -16,6 +16,7 @@
 #include "kv_tiles.cuh"
 #include "omni_attention.h"
 #include "sm90/fwd_traits.cuh"
+#include "sm90/softmax_deferred.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/wgmma.cuh"
 #include "softmax.cuh"
@@ -98,15 +99,14 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % Traits::kStages;
-    Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);
+    const int free_phase = ((t / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
+    Barrier::wait(&s.k_empty[stage], free_phase);
     const KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m.kv, m.block_kv, t), t, m.block_kv, p.kv_len);
     const int n = tile.col0 / kBlockN;
     if (lane == 0) {
       s.tile[stage] = tile;
       Barrier::arrive_and_expect_tx(&s.k_full[stage], Traits::kTileBytes);
       copy(params.tma_k.with(s.k_full[stage]), tKg(_, n), tKs(_, stage));
-      Barrier::arrive_and_expect_tx(&s.v_full[stage], Traits::kTileBytes);
-      copy(params.tma_v.with(s.v_full[stage]), tVg(_, n), tVs(_, stage));
     }
     if (tile.kind == kTileToken) {
       stage_token_ids<kBlockN, 32>(s.aux[stage], doc, grp, tile.col0, p.kv_len, lane);
@@ -114,6 +114,11 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
       stage_pool_rows<kBlockM, Traits::kPoolWords, 32>(s.aux[stage], m, tile.pool, 0, lane);
     }
     arrive_after_staging(&s.k_full[stage]);
+    Barrier::wait(&s.v_empty[stage], free_phase);
+    if (lane == 0) {
+      Barrier::arrive_and_expect_tx(&s.v_full[stage], Traits::kTileBytes);
+      copy(params.tma_v.with(s.v_full[stage]), tVg(_, n), tVs(_, stage));
+    }
   }
 }
 
@@ -136,7 +141,18 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
   }
 }
 
-// Consumer warpgroups: the attention of their 64 query rows, then the epilogue.
+// Warpgroup ping-pong: a consumer warpgroup issues its GEMMs only in its turn and then passes the turn, so
+// the tensor cores run one warpgroup's GEMMs while the other does its softmax.
+constexpr int kSchedulerBarrier = kEpilogueBarrier + 2;
+
+__forceinline__ __device__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Consumer warpgroups: the attention of their 64 query rows, then the epilogue. Per tile t (FlashAttention-3's
+// intra-warpgroup overlap): issue S(t) = Q K(t)^T, rescale O, issue O += P(t-1) V(t-1); wait for S(t), mask it
+// and run its softmax while P.V still runs; wait for P.V. Stages are released as soon as their GEMM is done
+// (K after S(t) and its mask data are read, V after P.V).
 template <class Traits, bool kSoftcap, class Storage>
 __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int b, int h, int row0, int qpos0,
                                         int n_tiles) {
@@ -144,6 +160,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
   const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
   const int wg = ctid / 128;
 
@@ -159,39 +176,72 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   Tensor tOrVt = thr_pv.partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   clear(acc_o);
+  Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor rP = make_tensor<Element>(acc_s.layout());
+  Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
   const Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  auto s_rc = rowcol(acc_s);
+  auto o_rc = rowcol(acc_o);
 
   const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * float(M_LOG2E);
-  OnlineSoftmax<decltype(size<0>(rowcol(acc_o)))::value> softmax;
-  Barrier::wait(&s.q_full, 0);
-  for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % Traits::kStages;
-    const int phase = (t / Traits::kStages) & 1;
-    Barrier::wait(&s.k_full[stage], phase);
-    const KvTile tile = s.tile[stage];
-    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  constexpr int kRows = decltype(size<0>(o_rc))::value;
+  DeferredSoftmax<kRows> softmax;
+  float rescale[kRows];
+
+  // The turn starts with warpgroup 0. Warpgroup 1 passes it on after every turn but its last, so every
+  // arrive meets a sync and no barrier is left half-way at exit.
+  const int other = kSchedulerBarrier + (wg ^ 1);
+  if (wg == 1 && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
+  auto scores = [&](int t, int stage) {  // issue S(t) in this warpgroup's turn; returns the tile
+    Barrier::wait(&s.k_full[stage], (t / kStages) & 1);
+    named_barrier_sync(kSchedulerBarrier + wg, 2 * 128);
     gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
-    gemm_wait<0>(acc_s);
+    return s.tile[stage];
+  };
+  auto pass_turn = [&](int t) {
+    if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other, 2 * 128);
+  };
+  auto mask_and_softmax = [&](const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
     if (tile.kind != kTileFull) mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
+    Barrier::arrive(&s.k_empty[stage]);
+    softmax.update_scores(s_rc, scale_log2, rescale);
+  };
 
-    auto s_rc = rowcol(acc_s);
-    auto o_rc = rowcol(acc_o);
-    softmax.update(s_rc, o_rc, scale_log2);
-    Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
-    Barrier::wait(&s.v_full[stage], phase);
-    gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, stage), acc_o);
+  Barrier::wait(&s.q_full, 0);
+  if (n_tiles > 0) {
+    const KvTile tile = scores(0, 0);
+    pass_turn(0);
+    gemm_wait<0>(acc_s);
+    mask_and_softmax(tile, 0);
+    rP = convert_fragment<Element>(acc_s);
+  }
+  for (int t = 1; t < n_tiles; ++t) {
+    const int stage = t % kStages;
+    const int prev = (t - 1) % kStages;
+    const KvTile tile = scores(t, stage);
+    DeferredSoftmax<kRows>::rescale_output(o_rc, rescale);
+    Barrier::wait(&s.v_full[prev], ((t - 1) / kStages) & 1);
+    gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, prev), acc_o);
+    pass_turn(t);
+    gemm_wait<1>(acc_s);
+    mask_and_softmax(tile, stage);
     gemm_wait<0>(acc_o);
-    Barrier::arrive(&s.empty[stage]);
+    Barrier::arrive(&s.v_empty[prev]);
+    rP = convert_fragment<Element>(acc_s);
+  }
+  if (n_tiles > 0) {
+    const int last = (n_tiles - 1) % kStages;
+    DeferredSoftmax<kRows>::rescale_output(o_rc, rescale);
+    Barrier::wait(&s.v_full[last], ((n_tiles - 1) / kStages) & 1);
+    gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, last), acc_o);
+    gemm_wait<0>(acc_o);
+    Barrier::arrive(&s.v_empty[last]);
   }
 
   // Epilogue: normalise, stage this warpgroup's 64 rows of O in its rows of Q's buffer, store 16-byte rows.
-  float lse[decltype(size<0>(rowcol(acc_o)))::value];
-  {
-    auto o_rc = rowcol(acc_o);
-    softmax.finalize(o_rc, scale_log2, lse);
-  }
+  float lse[kRows];
+  softmax.finalize(o_rc, scale_log2, lse);
   Tensor rO = convert_fragment<Element>(acc_o);
   copy(rO, thr_pv.partition_C(sQ));
   named_barrier_sync(kEpilogueBarrier + wg, 128);
@@ -240,7 +290,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     for (int i = 0; i < Traits::kStages; ++i) {
       Barrier::init(&s.k_full[i], kFullArrivals);
       Barrier::init(&s.v_full[i], 1);
-      Barrier::init(&s.empty[i], Traits::kConsumerThreads);
+      Barrier::init(&s.k_empty[i], Traits::kConsumerThreads);
+      Barrier::init(&s.v_empty[i], Traits::kConsumerThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
