@@ -1,9 +1,9 @@
 """Speedup-vs-Flex plots from a result JSON: one PNG per shape, a panel per mask, forward and fwd+bwd.
 
-    python -m benchmarks.plot RESULTS.json [--out DIR]
+    python -m benchmarks.plot RESULTS.json [MORE.json ...] [--out DIR]
 
 Needs matplotlib (``pip install -e ".[bench]"``); writes ``speedup_<shape>.png`` beside the JSON unless
-``--out`` says otherwise.
+``--out`` says otherwise. Several JSONs of one GPU (shapes run in separate calls) plot together.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.report import MODES, PEER_ORDER, by_shape, peers_in, read_json, speedup_vs_flex
+from benchmarks.report import MODES, PEER_ORDER, by_shape, merge, peers_in, read_json, speedup_vs_flex
 
 MODE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 
@@ -78,12 +78,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Plot speedup vs Flex from a benchmark result JSON.")
-    parser.add_argument("json", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: the JSON's)")
+    parser.add_argument("json", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: the first JSON's)")
     args = parser.parse_args()
-    out_dir = args.out or args.json.parent
+    out_dir = args.out or args.json[0].parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    for path in plot(read_json(args.json), out_dir):
+    for path in plot(merge([read_json(path) for path in args.json]), out_dir):
         print(f"wrote {path}")
 
 

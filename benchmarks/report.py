@@ -1,6 +1,6 @@
 """Results as JSON, and tables of them (stdout text or README markdown).
 
-    python -m benchmarks.report RESULTS.json [--markdown]
+    python -m benchmarks.report RESULTS.json [MORE.json ...] [--markdown]
 
 A result is ``{"meta": {...}, "cases": [case, ...]}``; a case is one mask at one length and shape with its
 ``rows``, one per peer, each holding ``fwd`` and ``fwd_bwd`` entries of either ``{"ms", "tflops",
@@ -27,6 +27,14 @@ def write_json(path: Path, result: dict) -> Path:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from several (e.g. the shapes run in separate calls): the first one's meta, every case."""
+    devices = {r["meta"].get("device") for r in results}
+    if len(devices) > 1:
+        raise ValueError(f"results from different GPUs {sorted(map(str, devices))} do not go in one table")
+    return {"meta": results[0]["meta"], "cases": [case for r in results for case in r["cases"]]}
 
 
 def speedup_vs_flex(case: dict, peer: str, mode: str) -> float | None:
@@ -78,9 +86,9 @@ def speed_table(cases: list[dict], markdown: bool = False) -> str:
         cells = [case["mask"], str(case["seq_len"]), f"{case['density']:.3f}"]
         for peer in peers:
             row = rows.get(peer)
-            cells.append("|".join(cell(row.get(mode) if row else None, "tflops", ".0f") for mode in MODES))
+            cells.append("/".join(cell(row.get(mode) if row else None, "tflops", ".0f") for mode in MODES))
         for peer in omnis:
-            cells.append("|".join(f"{s:.2f}" if (s := speedup_vs_flex(case, peer, mode)) else "-" for mode in MODES))
+            cells.append("/".join(f"{s:.2f}" if (s := speedup_vs_flex(case, peer, mode)) else "-" for mode in MODES))
         lines.append(cells)
     return _format(header, lines, markdown)
 
@@ -95,7 +103,7 @@ def memory_table(cases: list[dict], markdown: bool = False) -> str:
         cells = [case["mask"], str(case["seq_len"])]
         for peer in peers:
             row = rows.get(peer)
-            peaks = "|".join(cell(row.get(mode) if row else None, "peak_mib", ".0f") for mode in MODES)
+            peaks = "/".join(cell(row.get(mode) if row else None, "peak_mib", ".0f") for mode in MODES)
             cells.append(f"{peaks} ({row['mask_mib']:.0f})" if row and row.get("mask_mib", 0) >= 1 else peaks)
         lines.append(cells)
     return _format(header, lines, markdown)
@@ -128,10 +136,10 @@ def summary(result: dict, markdown: bool = False, full: bool = False) -> str:
     parts = [f"{meta.get('device', '?')} ({versions}); omni path: {meta.get('omni_path', '?')}"]
     for cases in by_shape(result).values():
         title = _shape_title(cases[0])
-        parts.append(f"\n{title}; TFLOP/s over allowed pairs, fwd|fwd+bwd")
+        parts.append(f"\n{title}; TFLOP/s over allowed pairs, fwd/fwd+bwd")
         parts.append(speed_table(cases, markdown))
         if full:
-            parts.append(f"\n{title}; peak MiB of one call beyond its inputs, fwd|fwd+bwd (mask MiB where >= 1)")
+            parts.append(f"\n{title}; peak MiB of one call beyond its inputs, fwd/fwd+bwd (mask MiB where >= 1)")
             parts.append(memory_table(cases, markdown))
             parts.append(f"\n{title}; mask build ms, median of warm calls [first call]")
             parts.append(build_table(cases, markdown))
@@ -139,11 +147,11 @@ def summary(result: dict, markdown: bool = False, full: bool = False) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Print the tables of a benchmark result JSON.")
-    parser.add_argument("json", type=Path)
+    parser = argparse.ArgumentParser(description="Print the tables of benchmark result JSONs (one GPU).")
+    parser.add_argument("json", type=Path, nargs="+")
     parser.add_argument("--markdown", action="store_true", help="markdown tables (for README.md)")
     args = parser.parse_args()
-    print(summary(read_json(args.json), markdown=args.markdown, full=True))
+    print(summary(merge([read_json(path) for path in args.json]), markdown=args.markdown, full=True))
 
 
 if __name__ == "__main__":

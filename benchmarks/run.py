@@ -9,9 +9,10 @@ layout), draw fresh random inputs, compute the float32 reference (`omni_hf.refer
 own dense mask), then for each peer check its output (and, with backward, its gradients) against the
 reference and only then time it: median ms by ``triton.testing.do_bench``, TFLOP/s over the allowed pairs
 (4 * D flops per pair forward, 2.5x that backward), peak memory. One progress line per case; at the end a
-table on stdout, ``suite_<GPU>.json`` and ``speedup_<shape>.png`` in ``--out`` (default ``$OUT`` if set,
-else ``benchmarks/results/``). `benchmarks.report` and `benchmarks.plot` redo the tables and plots from
-the JSON.
+table on stdout, ``suite_<GPU>.json`` (a partial run's name adds what it chose: `result_name`) and
+``speedup_<shape>.png`` in ``--out`` (default ``$OUT`` if set, else ``benchmarks/results/``); the JSON is
+rewritten after every case. `benchmarks.report` and `benchmarks.plot` redo the tables and plots from one
+or several JSONs (e.g. ``--shapes realistic`` and ``--shapes small`` run as two calls).
 """
 
 from __future__ import annotations
@@ -181,10 +182,10 @@ def run_case(shape: Shape, mask: str, seq_len: int, backward: bool) -> dict:
 def progress_line(record: dict, seconds: float) -> str:
     cells = []
     for row in record["rows"]:
-        cell = "|".join(report.cell(row.get(mode), "tflops", ".0f") for mode in report.MODES)
+        cell = "/".join(report.cell(row.get(mode), "tflops", ".0f") for mode in report.MODES)
         cells.append(f"{row['peer']} {cell}")
     builds = ", ".join(f"{name} {b['median']:.2f}" for name, b in record["build_ms"].items())
-    return (f"{record['shape']} {record['mask']} S={record['seq_len']}: TFLOP/s fwd|f+b: {'; '.join(cells)}. "
+    return (f"{record['shape']} {record['mask']} S={record['seq_len']}: TFLOP/s fwd/f+b: {'; '.join(cells)}. "
             f"Build ms: {builds}; reference {record['reference_s']:.1f} s; case {seconds:.0f} s")
 
 
@@ -227,6 +228,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def result_name(device: str, args: argparse.Namespace) -> str:
+    """``suite_<GPU>.json`` for the default run; other runs add their shapes / masks / lengths / quick,
+    so that they never overwrite it."""
+    parts = [device.replace(" ", "_")]
+    if args.shapes != ",".join(SHAPES):
+        parts.append(args.shapes.replace(",", "-"))
+    if args.masks != ",".join(layouts.MASKS):
+        parts.append(args.masks.replace(",", "-"))
+    if args.seqlens:
+        parts.append(args.seqlens.replace(",", "-"))
+    if args.quick:
+        parts.append("quick")
+    if args.no_backward:
+        parts.append("fwd")
+    return f"suite_{'_'.join(parts)}.json"
+
+
 def plan(args: argparse.Namespace) -> list[tuple[Shape, str, int]]:
     """The (shape, mask, length) cases the arguments ask for, in run order."""
     cases = []
@@ -253,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     start, records = time.time(), []
     todo = plan(args)
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS)
-    path = out_dir / f"suite_{meta['device'].replace(' ', '_')}.json"
+    path = out_dir / result_name(meta["device"], args)
     result = {"meta": meta, "cases": records}
     for index, (shape, mask, seq_len) in enumerate(todo, 1):
         case_start = time.time()

@@ -214,11 +214,28 @@ def test_json_round_trips_and_tables_show_speedups_skips_and_failures(tmp_path):
     assert report.speedup_vs_flex(case, "omni b128", "fwd") == pytest.approx(times["flex"] / times["omni b128"])
     line = report.speed_table(result["cases"]).splitlines()[2]  # header, first case, second case
     omni = case["rows"][0]
-    assert f"{omni['fwd']['tflops']:.0f}|{omni['fwd_bwd']['tflops']:.0f}" in line
-    assert f"{times['flex'] / times['omni b128']:.2f}|" in line
-    assert "|oom" in line and "FAIL|" in line
+    assert f"{omni['fwd']['tflops']:.0f}/{omni['fwd_bwd']['tflops']:.0f}" in line
+    assert f"{times['flex'] / times['omni b128']:.2f}/" in line
+    assert "/oom" in line and "FAIL/" in line
     markdown = report.summary(result, markdown=True, full=True)
     assert "| mask | S | density | omni b128 | flex |" in markdown and "Test GPU" in markdown
+    assert all(line.count("|") == markdown.splitlines()[3].count("|") for line in markdown.splitlines()[3:6])
+
+
+def test_partial_runs_get_their_own_result_names_and_merge_back():
+    assert run.result_name("NVIDIA H200", run.parse_args([])) == "suite_NVIDIA_H200.json"
+    partial = run.parse_args(["--shapes", "small", "--masks", "vlm,causal", "--quick"])
+    assert run.result_name("NVIDIA H200", partial) == "suite_NVIDIA_H200_small_vlm-causal_quick.json"
+    rng = random.Random(fresh_seed())
+    first, second = synthetic_result(rng), synthetic_result(rng)
+    for case in second["cases"]:
+        case["shape"] = "realistic"
+    merged = report.merge([first, second])
+    assert merged["meta"] == first["meta"] and merged["cases"] == first["cases"] + second["cases"]
+    assert list(report.by_shape(merged)) == ["small", "realistic"]
+    second["meta"]["device"] = "Another GPU"
+    with pytest.raises(ValueError, match="different GPUs"):
+        report.merge([first, second])
 
 
 def test_plot_writes_one_png_per_shape(tmp_path):
