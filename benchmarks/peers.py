@@ -1,6 +1,7 @@
 """The implementations compared, each as ``fn(q, k, v) -> out`` over ``[B, H, S, D]`` tensors.
 
-- ``omni``: `omni_hf.omni_attention` with omni's own mask (one entry per omni block size);
+- ``omni``: `omni_hf.omni_attention` with omni's own mask (one entry per omni block size; with
+  ``--omni-sm80`` also ``omni b128 sm80``, its sm_80 kernels forced where the Hopper forward would run);
 - ``flex``: ``torch.compile(flex_attention)`` with a ``create_block_mask`` of the layout's ``mask_mod``
   (GQA through ``enable_gqa``);
 - ``sdpa-fa2`` / ``sdpa-cudnn`` / ``sdpa-eff``: SDPA forced onto one backend with ``is_causal=True`` where
@@ -13,7 +14,9 @@ A peer that cannot run a case is returned with ``skipped`` set to the reason ins
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 
 import torch
@@ -40,10 +43,32 @@ def tensor_mib(*tensors: torch.Tensor | None) -> float:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) / (1 << 20)
 
 
-def omni(mask: OmniBlockMask, scale: float) -> Peer:
+@contextlib.contextmanager
+def env(name: str, value: str):
+    """Set an environment variable for the duration of a block, then restore it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+def omni(mask: OmniBlockMask, scale: float, sm80: bool = False) -> Peer:
+    """omni's op; with ``sm80``, under ``OMNI_HF_DISABLE_SM90=1`` (the library reads it at every call), so
+    the sm_80 kernels run where its Hopper path would."""
     fields = [getattr(mask, f.name) for f in dataclasses.fields(mask)]
-    return Peer(f"omni b{mask.block_q}", lambda q, k, v: omni_attention(q, k, v, mask, scale=scale),
-                mask_mib=tensor_mib(*fields))
+
+    def fn(q, k, v):
+        if not sm80:
+            return omni_attention(q, k, v, mask, scale=scale)
+        with env("OMNI_HF_DISABLE_SM90", "1"):
+            return omni_attention(q, k, v, mask, scale=scale)
+
+    return Peer(f"omni b{mask.block_q}" + (" sm80" if sm80 else ""), fn, mask_mib=tensor_mib(*fields))
 
 
 def flex(block_mask, scale: float, gqa: bool) -> Peer:
@@ -95,9 +120,12 @@ def eager(scale: float, dense: torch.Tensor) -> Peer:
 
 
 def for_case(omni_masks: list[OmniBlockMask], block_mask, dense: torch.Tensor | None, dense_skip: str | None,
-             is_causal: bool, heads_q: int, heads_kv: int, scale: float) -> list[Peer]:
-    """Every peer of one case, in report order. ``dense_skip`` says why ``dense`` is None."""
+             is_causal: bool, heads_q: int, heads_kv: int, scale: float, omni_sm80: bool = False) -> list[Peer]:
+    """Every peer of one case, in report order. ``dense_skip`` says why ``dense`` is None; ``omni_sm80`` adds
+    omni on its sm_80 kernels for the 128-blocks masks (the ones the Hopper forward takes)."""
     peers = [omni(mask, scale) for mask in omni_masks]
+    if omni_sm80:
+        peers += [omni(mask, scale, sm80=True) for mask in omni_masks if mask.block_q == mask.block_kv == 128]
     peers.append(flex(block_mask, scale, heads_q != heads_kv))
     if is_causal:
         peers += [sdpa(name, scale, None) for name in ("fa2", "cudnn", "eff")]

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 MODES = ("fwd", "fwd_bwd")
-PEER_ORDER = ("omni b64", "omni b128", "flex", "sdpa-fa2", "sdpa-cudnn", "sdpa-eff", "sdpa-eff+mask",
+PEER_ORDER = ("omni b64", "omni b128", "omni b128 sm80", "flex", "sdpa-fa2", "sdpa-cudnn", "sdpa-eff", "sdpa-eff+mask",
               "sdpa-cudnn+mask", "eager")
 
 
@@ -79,7 +79,7 @@ def speed_table(cases: list[dict], markdown: bool = False) -> str:
     flex (each omni block size), one line per mask and length."""
     peers = peers_in(cases)
     omnis = [p for p in peers if p.startswith("omni")]
-    header = ["mask", "S", "density"] + peers + [f"{p.split()[1]}÷flex" for p in omnis]
+    header = ["mask", "S", "density"] + peers + [f"{p.removeprefix('omni ')}÷flex" for p in omnis]
     lines = []
     for case in cases:
         rows = {row["peer"]: row for row in case["rows"]}

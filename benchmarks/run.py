@@ -1,7 +1,7 @@
 """omni vs torch.compile(flex_attention) vs SDPA (each backend) vs eager: every peer in one run, on one GPU.
 
     python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
-                             [--no-backward] [--out DIR]
+                             [--no-backward] [--omni-sm80] [--out DIR]
 
 For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed:
 omni's builder on the GPU, Flex's compiled ``create_block_mask``, the collator on the CPU for the VLM
@@ -59,8 +59,8 @@ QUICK_SEQLENS = {"realistic": (8192,), "small": (1024,)}
 class Case:
     """One shape, mask and length on the GPU: the masks of every peer, the inputs and the reference."""
 
-    def __init__(self, shape: Shape, layout: layouts.Layout, backward: bool):
-        self.shape, self.layout, self.backward = shape, layout, backward
+    def __init__(self, shape: Shape, layout: layouts.Layout, backward: bool, omni_sm80: bool = False):
+        self.shape, self.layout, self.backward, self.omni_sm80 = shape, layout, backward, omni_sm80
         seq_len, device = layout.seq_len, DEVICE
         self.scale = shape.dim ** -0.5
         self.pairs = layout.allowed_pairs()
@@ -129,7 +129,7 @@ class Case:
     def peers(self) -> list[peers.Peer]:
         shape = self.shape
         return peers.for_case(self.omni_masks, self.block_mask, self.dense, self.dense_skip, self.layout.is_causal,
-                              shape.heads_q, shape.heads_kv, self.scale)
+                              shape.heads_q, shape.heads_kv, self.scale, self.omni_sm80)
 
     def measure_peer(self, peer: peers.Peer) -> dict:
         """The row of one peer: ``fwd`` and ``fwd_bwd`` entries (see `benchmarks.report`)."""
@@ -169,9 +169,9 @@ class Case:
                 "reference_s": round(self.reference_s, 3), "rows": rows}
 
 
-def run_case(shape: Shape, mask: str, seq_len: int, backward: bool) -> dict:
+def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False) -> dict:
     torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
-    case = Case(shape, layouts.build(mask, seq_len), backward)
+    case = Case(shape, layouts.build(mask, seq_len), backward, omni_sm80)
     rows = [case.measure_peer(peer) for peer in case.peers()]
     record = case.record(rows)
     del case
@@ -190,7 +190,8 @@ def progress_line(record: dict, seconds: float) -> str:
 
 
 def environment() -> dict:
-    """GPU, library versions and which omni library (and kernel path) ran."""
+    """GPU, library versions and which omni library ran, and its kernel path: the library's Hopper forward
+    (when it has one) takes 128x128-block masks on an sm_90 GPU unless ``OMNI_HF_DISABLE_SM90`` is set."""
     import transformers
     import triton
 
@@ -200,13 +201,14 @@ def environment() -> dict:
     data = lib.read_bytes()
     major, minor = torch.cuda.get_device_capability()
     disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
-    has_sm90 = b"OMNI_HF_DISABLE_SM90" in data  # the Hopper dispatch reads this variable
+    has_sm90 = b"OMNI_HF_DISABLE_SM90" in data  # the Hopper forward's dispatch reads this variable per call
     return {
         "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "torch": torch.__version__,
         "triton": triton.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(), "host": platform.node(),
         "omni_library": str(lib), "omni_library_sha256": hashlib.sha256(data).hexdigest()[:16],
-        "omni_path": "sm90 (Hopper)" if major == 9 and has_sm90 and not disabled else "sm80 (mma.sync)",
+        "omni_path": ("forward sm90 (wgmma) with 128x128 blocks, else sm80 (mma.sync)"
+                      if (major, minor) == (9, 0) and has_sm90 and not disabled else "sm80 (mma.sync)"),
         "OMNI_HF_DISABLE_SM90": os.environ.get("OMNI_HF_DISABLE_SM90"),
     }
 
@@ -219,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seqlens", default=None, help="comma-separated lengths for every shape (default: "
                         "each shape's own)")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
+    parser.add_argument("--omni-sm80", action="store_true", help="also time omni with OMNI_HF_DISABLE_SM90=1 "
+                        "('omni b128 sm80'), to compare the Hopper forward with the sm_80 kernels in one run")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
     for name, allowed in (("shapes", SHAPES), ("masks", layouts.MASKS)):
@@ -242,6 +246,8 @@ def result_name(device: str, args: argparse.Namespace) -> str:
         parts.append("quick")
     if args.no_backward:
         parts.append("fwd")
+    if args.omni_sm80:
+        parts.append("sm80")
     return f"suite_{'_'.join(parts)}.json"
 
 
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"meta": meta, "cases": records}
     for index, (shape, mask, seq_len) in enumerate(todo, 1):
         case_start = time.time()
-        records.append(run_case(shape, mask, seq_len, not args.no_backward))
+        records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80))
         print(f"[{index}/{len(todo)}] {progress_line(records[-1], time.time() - case_start)}", flush=True)
         meta["seconds"] = round(time.time() - start, 1)
         report.write_json(path, result)  # after every case, so a run cut short keeps what it measured

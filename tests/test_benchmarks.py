@@ -149,6 +149,30 @@ def test_eager_peer_computes_masked_attention():
     assert measure.rel_err(got, want) < 1e-5
 
 
+def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_path_disabled(monkeypatch):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
+    seen = []
+    monkeypatch.setattr(peers, "omni_attention", lambda q, k, v, mask, scale: seen.append(
+        (mask.block_q, peers.os.environ.get("OMNI_HF_DISABLE_SM90"))) or q)
+    for mask_name, sdpa_names in (("causal", ["sdpa-fa2", "sdpa-cudnn", "sdpa-eff"]),
+                                  ("documents", ["sdpa-eff+mask", "sdpa-cudnn+mask"])):
+        layout = layouts.build(mask_name, 256, fresh_seed())
+        masks = [layout.omni_mask(64), layout.omni_mask(128)]
+        flex = create_block_mask(layout.mask_mod(), None, None, 256, 256, device="cpu")
+        listed = peers.for_case(masks, flex, layout.dense(), None, layout.is_causal, 4, 2, 0.125, omni_sm80=True)
+        assert [p.name for p in listed] == ["omni b64", "omni b128", "omni b128 sm80", "flex", *sdpa_names, "eager"]
+    q = torch.randn(1, 4, 256, 16)
+    for peer in listed[:3]:
+        peer.fn(q, q, q)
+    assert seen == [(64, None), (128, None), (128, "1")]
+    assert "OMNI_HF_DISABLE_SM90" not in peers.os.environ
+    huge = peers.for_case(masks, flex, None, "dense S x S mask: OutOfMemoryError", False, 4, 2, 0.125)
+    assert {p.name: p.skipped for p in huge if p.skipped} == {
+        name: "dense S x S mask: OutOfMemoryError" for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}
+
+
 def test_check_reports_each_tensor_and_fails_past_the_tolerance_or_on_nan():
     want = torch.randn(1000)
     close = want + 1e-4 * torch.randn(1000)
