@@ -3,9 +3,9 @@
     python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
                              [--no-backward] [--omni-sm80] [--out DIR]
 
-For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed:
-omni's builder on the GPU, Flex's compiled ``create_block_mask``, the collator on the CPU for the VLM
-layout), draw fresh random inputs, compute the float32 reference (`omni_hf.reference` with the layout's
+For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed from
+the layout's ids or table in host memory: omni's builder on the GPU, Flex's compiled ``create_block_mask``
+on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference (`omni_hf.reference` with the layout's
 own dense mask), then for each peer check its output (and, with backward, its gradients) against the
 reference and only then time it: median ms by ``triton.testing.do_bench``, TFLOP/s over the allowed pairs
 (4 * D flops per pair forward, 2.5x that backward), peak memory. One progress line per case; at the end a
