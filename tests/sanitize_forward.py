@@ -5,7 +5,7 @@ head dims, tails, q_len = 1, broadcast masks, GQA. Run on a GPU as
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
 
 and expect "ERROR SUMMARY: 0 errors". On a Hopper GPU the 128 x 128 cases run the sm_90a kernel
-(`--kernel-name regex:sm90` checks it alone; OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
+(`--kernel-name kns=sm90` checks it alone; OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
 Exits non-zero if an output is not finite.
 """
 

@@ -18,6 +18,7 @@
 #include "sm90/fwd_traits.cuh"
 #include "sm90/softmax_deferred.cuh"
 #include "sm90/tma.cuh"
+#include "sm90/token_mask.cuh"
 #include "sm90/wgmma.cuh"
 #include "softmax.cuh"
 #include "tile_aux.cuh"
@@ -129,13 +130,15 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
   switch (tile.kind) {
     case kTileColLimit: mask_col_limit(acc_s, c, p.kv_len - tile.col0); break;
     case kTileCausal: mask_causal(acc_s, c, qpos0, tile.col0); break;
+    case kTileToken: {
+      auto s_rc = rowcol(acc_s);
+      mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0,
+                                                         p.mask.window);
+      break;
+    }
     default: {
       FragmentBits<decltype(size(acc_s))::value> bits;
-      if (tile.kind == kTileToken) {
-        token_bits<Traits::kBlockM, Traits::kBlockN>(bits, c, q_ids, aux, qpos0, tile.col0, p.mask.window);
-      } else {
-        pool_bits(bits, c, staged_pool_view<Traits::kBlockM, Traits::kPoolWords>(aux), p.kv_len - tile.col0);
-      }
+      pool_bits(bits, c, staged_pool_view<Traits::kBlockM, Traits::kPoolWords>(aux), p.kv_len - tile.col0);
       bits.apply(acc_s);
     }
   }
