@@ -119,23 +119,31 @@ def eager(scale: float, dense: torch.Tensor) -> Peer:
     return Peer("eager", fn, mask_mib=tensor_mib(dense))
 
 
-def for_case(omni_masks: list[OmniBlockMask], block_mask, dense: torch.Tensor | None, dense_skip: str | None,
-             is_causal: bool, heads_q: int, heads_kv: int, scale: float, omni_sm80: bool = False) -> list[Peer]:
-    """Every peer of one case, in report order. ``dense_skip`` says why ``dense`` is None; ``omni_sm80`` adds
-    omni on its sm_80 kernels for the 128-blocks masks (the ones the Hopper forward takes)."""
+def for_case(omni_masks: list[OmniBlockMask], flex_mask, dense: torch.Tensor | None, *, is_causal: bool,
+             heads_q: int, heads_kv: int, scale: float, why_missing: dict[str, str] | None = None,
+             omni_sm80: bool = False) -> list[Peer]:
+    """Every peer of one case, in report order.
+
+    ``flex_mask`` (a Flex ``BlockMask``) or ``dense`` may be None when they could not be built, with the
+    reason in ``why_missing["flex"]`` / ``why_missing["dense"]``; ``omni_sm80`` adds omni on its sm_80
+    kernels for the masks of 128-blocks (the ones the Hopper forward takes).
+    """
+    why_missing = why_missing or {}
     peers = [omni(mask, scale) for mask in omni_masks]
     if omni_sm80:
         peers += [omni(mask, scale, sm80=True) for mask in omni_masks if mask.block_q == mask.block_kv == 128]
-    peers.append(flex(block_mask, scale, heads_q != heads_kv))
+    peers.append(flex(flex_mask, scale, heads_q != heads_kv) if flex_mask is not None
+                 else Peer("flex", skipped=why_missing.get("flex")))
     if is_causal:
         peers += [sdpa(name, scale, None) for name in ("fa2", "cudnn", "eff")]
     for name in ("eff", "cudnn") if not is_causal else ():
-        peers.append(sdpa(name, scale, dense) if dense is not None else Peer(f"sdpa-{name}+mask", skipped=dense_skip))
-    seq_len = block_mask.seq_lengths[0]
+        peers.append(sdpa(name, scale, dense) if dense is not None
+                     else Peer(f"sdpa-{name}+mask", skipped=why_missing.get("dense")))
+    seq_len = omni_masks[0].q_len
     if heads_q * seq_len * seq_len > EAGER_MAX_SCORES:
         peers.append(Peer("eager", skipped=f"small sizes only (B*Hq*S*S > 2^{EAGER_MAX_SCORES.bit_length() - 1})"))
     elif dense is None:
-        peers.append(Peer("eager", skipped=dense_skip))
+        peers.append(Peer("eager", skipped=why_missing.get("dense")))
     else:
         peers.append(eager(scale, dense))
     return peers

@@ -65,18 +65,15 @@ class Case:
         self.scale = shape.dim ** -0.5
         self.pairs = layout.allowed_pairs()
         self.build_ms: dict[str, dict[str, float]] = {}
+        self.why_missing: dict[str, str] = {}  # peer masks that could not be built, and why
         self.omni_masks = [self._timed(f"omni b{b}", lambda b=b: self._omni_mask(b)) for b in shape.blocks]
         from torch.nn.attention.flex_attention import create_block_mask
 
         compiled = torch.compile(create_block_mask)  # as Flex's docs advise for long sequences
-        self.block_mask = self._timed("flex", lambda: self._flex_mask(compiled))
+        self.flex_mask = self._optional("flex", lambda: self._timed("flex", lambda: self._flex_mask(compiled)))
         if layout.name == "vlm":
-            self._time_collator()
-        self.dense, self.dense_skip = None, None
-        try:
-            self.dense = layout.dense(device)
-        except torch.OutOfMemoryError as err:
-            self.dense_skip = f"dense S x S mask: {measure.describe_error(err)}"
+            self._optional("collator", self._time_collator)
+        self.dense = self._optional("dense", lambda: layout.dense(device))
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{shape.name} {layout.name} {seq_len}".encode()))
         q_shape = (shape.batch, shape.heads_q, seq_len, shape.dim)
         kv_shape = (shape.batch, shape.heads_kv, seq_len, shape.dim)
@@ -89,6 +86,14 @@ class Case:
     def _omni_mask(self, block: int):
         ids = self.layout.token_ids(DEVICE) if self.layout.token_rule else None
         return self.layout.omni_mask(block, DEVICE, ids)
+
+    def _optional(self, name: str, build):
+        """``build()``, or None with the reason kept in `why_missing` (its peers are then skipped)."""
+        try:
+            return build()
+        except Exception as err:  # noqa: BLE001 - one peer's mask failing must not stop the others
+            self.why_missing[name] = f"{name} not built: {measure.describe_error(err)}"
+            return None
 
     def _flex_mask(self, create_block_mask):
         seq_len = self.layout.seq_len
@@ -114,7 +119,7 @@ class Case:
         (omni's own mask where the dense one did not fit)."""
         from omni_hf import reference
 
-        mask = self.dense if self.dense is not None else self.omni_masks[-1]
+        mask = self.dense if self.dense is not None else self.omni_masks[-1]  # omni's mask is checked in tests
         qf, kf, vf = (t.float() for t in (self.q, self.k, self.v))
         out, lse = reference.attention_forward(qf, kf, vf, mask, self.scale)
         if not self.backward:
@@ -128,8 +133,9 @@ class Case:
 
     def peers(self) -> list[peers.Peer]:
         shape = self.shape
-        return peers.for_case(self.omni_masks, self.block_mask, self.dense, self.dense_skip, self.layout.is_causal,
-                              shape.heads_q, shape.heads_kv, self.scale, self.omni_sm80)
+        return peers.for_case(self.omni_masks, self.flex_mask, self.dense, is_causal=self.layout.is_causal,
+                              heads_q=shape.heads_q, heads_kv=shape.heads_kv, scale=self.scale,
+                              why_missing=self.why_missing, omni_sm80=self.omni_sm80)
 
     def measure_peer(self, peer: peers.Peer) -> dict:
         """The row of one peer: ``fwd`` and ``fwd_bwd`` entries (see `benchmarks.report`)."""
@@ -159,34 +165,48 @@ class Case:
             return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
 
     def record(self, rows: list[dict]) -> dict:
-        s = self.shape
-        return {"shape": s.name, "mask": self.layout.name, "seq_len": self.layout.seq_len, "batch": s.batch,
-                "heads_q": s.heads_q, "heads_kv": s.heads_kv, "head_dim": s.dim, "dtype": str(s.dtype).split(".")[-1],
-                "window": self.layout.window, "allowed_pairs": self.pairs,
-                "density": self.pairs / self.layout.seq_len ** 2, "omni_builder": self.layout.omni_builder,
-                "build_ms": self.build_ms,
-                "reference_mask": "layout dense" if self.dense is not None else "omni (dense did not fit)",
-                "reference_s": round(self.reference_s, 3), "rows": rows}
+        return self.record_of(self.shape, self.layout, rows, build_ms=self.build_ms, why_missing=self.why_missing,
+                              reference_mask="layout dense" if self.dense is not None else "omni (no dense mask)",
+                              reference_s=round(self.reference_s, 3))
+
+    @staticmethod
+    def record_of(shape: Shape, layout: layouts.Layout, rows: list[dict], **extra) -> dict:
+        """A case's JSON record: its shape, mask and length, ``extra`` fields, and the peers' ``rows``."""
+        pairs = layout.allowed_pairs()
+        return {"shape": shape.name, "mask": layout.name, "seq_len": layout.seq_len, "batch": shape.batch,
+                "heads_q": shape.heads_q, "heads_kv": shape.heads_kv, "head_dim": shape.dim,
+                "dtype": str(shape.dtype).split(".")[-1], "window": layout.window, "allowed_pairs": pairs,
+                "density": pairs / layout.seq_len ** 2, "omni_builder": layout.omni_builder,
+                "build_ms": {}, **extra, "rows": rows}
 
 
 def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False) -> dict:
+    """The record of one case; one that cannot be set up (omni's mask, the inputs or the reference fail)
+    is recorded with its ``error`` and no rows, and the run goes on."""
     torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
-    case = Case(shape, layouts.build(mask, seq_len), backward, omni_sm80)
-    rows = [case.measure_peer(peer) for peer in case.peers()]
-    record = case.record(rows)
-    del case
+    layout = layouts.build(mask, seq_len)
+    try:
+        case = Case(shape, layout, backward, omni_sm80)
+    except Exception as err:  # noqa: BLE001
+        record = Case.record_of(shape, layout, rows=[], error=measure.describe_error(err))
+    else:
+        record = case.record([case.measure_peer(peer) for peer in case.peers()])
+        del case
     torch.cuda.empty_cache()
     return record
 
 
 def progress_line(record: dict, seconds: float) -> str:
+    head = f"{record['shape']} {record['mask']} S={record['seq_len']}"
+    if "error" in record:
+        return f"{head}: not run: {record['error']}; case {seconds:.0f} s"
     cells = []
     for row in record["rows"]:
         cell = "/".join(report.cell(row.get(mode), "tflops", ".0f") for mode in report.MODES)
         cells.append(f"{row['peer']} {cell}")
     builds = ", ".join(f"{name} {b['median']:.2f}" for name, b in record["build_ms"].items())
-    return (f"{record['shape']} {record['mask']} S={record['seq_len']}: TFLOP/s fwd/f+b: {'; '.join(cells)}. "
-            f"Build ms: {builds}; reference {record['reference_s']:.1f} s; case {seconds:.0f} s")
+    return (f"{head}: TFLOP/s fwd/f+b: {'; '.join(cells)}. Build ms: {builds}; "
+            f"reference {record['reference_s']:.1f} s; case {seconds:.0f} s")
 
 
 def environment() -> dict:

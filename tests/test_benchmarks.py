@@ -161,16 +161,19 @@ def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_
         layout = layouts.build(mask_name, 256, fresh_seed())
         masks = [layout.omni_mask(64), layout.omni_mask(128)]
         flex = create_block_mask(layout.mask_mod(), None, None, 256, 256, device="cpu")
-        listed = peers.for_case(masks, flex, layout.dense(), None, layout.is_causal, 4, 2, 0.125, omni_sm80=True)
+        listed = peers.for_case(masks, flex, layout.dense(), is_causal=layout.is_causal, heads_q=4, heads_kv=2,
+                                scale=0.125, omni_sm80=True)
         assert [p.name for p in listed] == ["omni b64", "omni b128", "omni b128 sm80", "flex", *sdpa_names, "eager"]
     q = torch.randn(1, 4, 256, 16)
     for peer in listed[:3]:
         peer.fn(q, q, q)
     assert seen == [(64, None), (128, None), (128, "1")]
     assert "OMNI_HF_DISABLE_SM90" not in peers.os.environ
-    huge = peers.for_case(masks, flex, None, "dense S x S mask: OutOfMemoryError", False, 4, 2, 0.125)
+    missing = {"dense": "dense not built: OutOfMemoryError", "flex": "flex not built: RuntimeError"}
+    huge = peers.for_case(masks, None, None, is_causal=False, heads_q=4, heads_kv=2, scale=0.125,
+                          why_missing=missing)
     assert {p.name: p.skipped for p in huge if p.skipped} == {
-        name: "dense S x S mask: OutOfMemoryError" for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}
+        "flex": missing["flex"], **{name: missing["dense"] for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}}
 
 
 def test_check_reports_each_tensor_and_fails_past_the_tolerance_or_on_nan():
@@ -270,6 +273,53 @@ def test_plot_writes_one_png_per_shape(tmp_path):
     paths = plot(result, tmp_path)
     assert [p.name for p in paths] == ["speedup_small.png"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """`benchmarks.run` on the CPU: omni on its reference, Flex uncompiled, wall-clock times, no memory."""
+    import time
+
+    monkeypatch.setattr(run, "DEVICE", "cpu")
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)
+    monkeypatch.setattr(measure, "peak_mib", lambda fn: 0.0)
+
+    def wall_ms(fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    monkeypatch.setattr(measure, "median_ms", wall_ms)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_run_case_checks_every_peer_and_records_what_could_not_run(on_the_cpu, monkeypatch):
+    shape = run.Shape("small", 1, 4, 2, 64, torch.float32, (256,), (64, 128))
+    record = run.run_case(shape, "prefix_lm", 256, backward=True)
+    rows = {row["peer"]: row for row in record["rows"]}
+    assert list(rows) == ["omni b64", "omni b128", "flex", "sdpa-eff+mask", "sdpa-cudnn+mask", "eager"]
+    for name in ("omni b64", "omni b128", "eager"):
+        for mode in report.MODES:
+            assert rows[name][mode]["errors"]["out"] < 1e-5 and rows[name][mode]["ms"] > 0, (name, mode)
+    assert set(rows["eager"]["fwd_bwd"]["errors"]) == {"out", "dq", "dk", "dv"}
+    assert rows["flex"]["fwd"]["errors"]["out"] < 1e-5  # Flex runs no backward on a CPU: reported, not raised
+    assert "failed" in rows["flex"]["fwd_bwd"] and "CPU" in rows["flex"]["fwd_bwd"]["failed"]
+    assert "skipped" in rows["sdpa-cudnn+mask"]["fwd"]  # no such backend on a CPU
+    assert record["allowed_pairs"] == layouts.build("prefix_lm", 256).allowed_pairs()
+    assert set(record["build_ms"]) == {"omni b64", "omni b128", "flex"}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no Flex today")
+
+    monkeypatch.setattr("torch.nn.attention.flex_attention.create_block_mask", broken)
+    record = run.run_case(shape, "causal", 256, backward=False)
+    rows = {row["peer"]: row for row in record["rows"]}
+    assert rows["flex"]["fwd"] == {"skipped": "flex not built: RuntimeError: no Flex today"}
+    assert "ms" in rows["omni b128"]["fwd"] and "fwd_bwd" not in rows["omni b128"]
+    monkeypatch.setattr(run.Case, "_reference", broken)
+    record = run.run_case(shape, "vlm", 256, backward=False)
+    assert record["rows"] == [] and record["error"] == "RuntimeError: no Flex today"
+    assert "not run: small vlm S=256" in report.summary({"meta": {}, "cases": [record]})
 
 
 def _cuda_ready() -> bool:
