@@ -230,6 +230,8 @@ def environment() -> dict:
         "omni_path": ("forward sm90 (wgmma) with 128x128 blocks, else sm80 (mma.sync)"
                       if (major, minor) == (9, 0) and has_sm90 and not disabled else "sm80 (mma.sync)"),
         "OMNI_HF_DISABLE_SM90": os.environ.get("OMNI_HF_DISABLE_SM90"),
+        # from_token_ids runs as CUDA kernels with it, as ~80 PyTorch ops on the GPU without
+        "omni_token_mask_kernel": hasattr(_cuda._library(), "omni_build_token_mask"),
     }
 
 
