@@ -1,9 +1,10 @@
 """`omni_attention`: input checks, backend dispatch, and the `torch.library` custom ops with autograd.
 
 The forward and backward are custom ops (``omni_hf::attention_forward`` / ``omni_hf::attention_backward``)
-with fake implementations, so ``torch.compile(fullgraph=True)`` traces a training step without a graph
-break. Both run on one seam, `_backend`: the CUDA library where it can run the inputs, otherwise the
-exact PyTorch reference. ``OMNI_HF_BACKEND=cuda|reference`` forces one.
+with fake implementations, tied together by one `torch.autograd.Function`, so ``torch.compile(fullgraph=True)``
+traces a training step without a graph break. Eager calls skip the ops' dispatch and run the backend directly
+(host time matters at small sizes). Both run on one seam, `_backend`: the CUDA library where it can run the
+inputs, otherwise the exact PyTorch reference. ``OMNI_HF_BACKEND=cuda|reference`` forces one.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def omni_attention(
     _check_inputs(q, k, v, block_mask, scale, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors, sizes = block_mask._op_args()
-    out, lse = attention_forward_op(q, k, v, tensors, sizes, scale, float(softcap or 0.0))
+    out, lse = _Attention.apply(q, k, v, sizes, scale, float(softcap or 0.0), *tensors)
     return (out, lse) if return_lse else out
 
 
@@ -96,27 +97,39 @@ def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, mask_tensors, mask_sizes, scale, softcap = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *[t for t in mask_tensors if t is not None])
-    ctx.mask_present = [t is not None for t in mask_tensors]
-    ctx.mask_sizes, ctx.scale, ctx.softcap = mask_sizes, scale, softcap
-    ctx.mark_non_differentiable(lse)
+class _Attention(torch.autograd.Function):
+    """Autograd of `omni_attention`. Eager calls run the backend directly: the custom ops' dispatch and
+    torch.library's autograd wrapper cost more host time than the kernels at small sizes. Under
+    torch.compile the custom ops run instead, so the graph stays whole (the ctypes call is opaque to Dynamo).
 
+    ``forward(q, k, v, mask_sizes, scale, softcap, *mask_tensors) -> (out, lse)``; lse is not differentiable.
+    """
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, *saved = ctx.saved_tensors
-    saved = iter(saved)
-    mask_tensors = [next(saved) if present else None for present in ctx.mask_present]
-    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, mask_tensors, ctx.mask_sizes, ctx.scale,
-                                       ctx.softcap)
-    # The list input's gradient: one None for a list holding None (a leaf to autograd), else None per tensor.
-    mask_grads = [None] * len(mask_tensors) if all(ctx.mask_present) else None
-    return dq, dk, dv, mask_grads, None, None, None
+    @staticmethod
+    def forward(ctx, q, k, v, mask_sizes, scale, softcap, *mask_tensors):
+        if torch.compiler.is_compiling():
+            out, lse = attention_forward_op(q, k, v, list(mask_tensors), mask_sizes, scale, softcap)
+        else:
+            mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
+            out, lse = _backend(q, k, v, mask)[0](q, k, v, mask, scale, softcap or None)
+        ctx.save_for_backward(q, k, v, out, lse, *mask_tensors)
+        ctx.mask_sizes, ctx.scale, ctx.softcap = mask_sizes, scale, softcap
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros for lse's gradient
+        return out, lse
 
-
-attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, *mask_tensors = ctx.saved_tensors
+        if grad_out is None:
+            grads = (None, None, None)
+        elif torch.compiler.is_compiling():
+            grads = attention_backward_op(grad_out, q, k, v, out, lse, mask_tensors, ctx.mask_sizes, ctx.scale,
+                                          ctx.softcap)
+        else:
+            mask = OmniBlockMask._from_op_args(mask_tensors, ctx.mask_sizes)
+            grads = _backend(q, k, v, mask)[1](grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.softcap or None)
+        return (*grads, None, None, None, *(None for _ in mask_tensors))
 
 
 # ---------------------------------------------------------------------- dispatch
