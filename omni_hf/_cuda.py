@@ -216,6 +216,12 @@ def _layout_reason(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _major_capability(index: int) -> int:
+    """Compute capability major of CUDA device `index` (a tensor's device always has one); looked up once."""
+    return torch.cuda.get_device_capability(index)[0]
+
+
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: OmniBlockMask) -> str | None:
     """None when the CUDA kernels can run these inputs, else a short human reason."""
     if not (q.is_cuda and k.is_cuda and v.is_cuda):
@@ -226,7 +232,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         return f"head dim {q.shape[-1]} (kernels take {', '.join(map(str, HEAD_DIMS))})"
     if mask.block_q not in BLOCK_SIZES or mask.block_kv not in BLOCK_SIZES:
         return f"block sizes {mask.block_q}x{mask.block_kv} (kernels take 64 and 128)"
-    if torch.cuda.get_device_capability(q.device)[0] < 8:
+    if _major_capability(q.device.index) < 8:
         return "compute capability below 8.0"
     for name, t in (("q", q), ("k", k), ("v", v)):
         reason = _layout_reason(name, t)
