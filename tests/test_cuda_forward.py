@@ -182,6 +182,15 @@ def test_strided_bshd_inputs_are_read_in_place(dtype, blocks):
     assert_matches_reference(q, k, v, mask)
 
 
+@pytest.mark.parametrize("dim", (64, 128))
+def test_more_query_blocks_than_multiprocessors(dim):
+    """512 CTAs of 128 query rows: several waves on any GPU, with mixed tile kinds."""
+    doc, grp = packed_vlm_ids(2, 2000, seed=13)
+    mask = OmniBlockMask.from_token_ids(doc, grp)
+    q, k, v = _qkv(2, 16, 4, 2000, 2000, dim, torch.bfloat16, seed=13)
+    assert_matches_reference(q, k, v, mask)
+
+
 def test_kv_cache_slice_with_padded_stride():
     cache = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(7))
     k, v = cache[:, :1, :2500], cache[:, 1:, :2500]

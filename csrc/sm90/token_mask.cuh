@@ -5,48 +5,62 @@
 #include <cute/tensor.hpp>
 
 #include <cmath>
-
-#include "mask_rule.cuh"
+#include <type_traits>
 
 namespace omni::sm90 {
 
 using namespace cute;
 
 // s_rc / c_rc: the scores and their in-tile (row, col) coordinates as (rows, cols); q_ids / k_ids: the staged
-// [doc, grp] ids of the tile's kRows rows / kCols columns (tile_aux.cuh). window <= 0 drops the window test.
+// [doc, grp] ids of the tile's kRows rows / kCols columns (tile_aux.cuh). mask_rule.cuh's token_allowed with
+// everything that depends on the row alone done once per row: per element it is the doc compare, the group
+// compare and a compare of the column's offset against the row's causal limit,
+//   j <= qpos  <=>  offset <= hi;   qpos - j < window  <=>  offset >= hi - window + 1.
+// Without a window (window <= 0) the second test is compiled out.
 template <int kRows, int kCols, class TS, class TC>
 __forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const int* q_ids, const int* k_ids,
                                                 int qpos0, int col0, int window) {
   static_assert(decltype(size<1>(s_rc))::value % 2 == 0, "columns come in pairs");
   constexpr int kThreadRows = decltype(size<0>(s_rc))::value;
-  int q_doc[kThreadRows], q_grp[kThreadRows], qpos[kThreadRows];
+  const int jj0 = get<1>(c_rc(0, 0));  // this thread's first column; the others are constant offsets from it
+  int q_doc[kThreadRows], q_grp[kThreadRows], hi[kThreadRows];
+  bool doc_ok[kThreadRows], grp_ok[kThreadRows];
   CUTE_UNROLL
   for (int r = 0; r < kThreadRows; ++r) {
     const int ii = get<0>(c_rc(r, 0));
     q_doc[r] = q_ids[ii];
     q_grp[r] = q_ids[kRows + ii];
-    qpos[r] = qpos0 + ii;
+    doc_ok[r] = q_doc[r] >= 0;
+    grp_ok[r] = q_grp[r] >= 0;
+    hi[r] = qpos0 + ii - col0 - jj0;
   }
-  // Columns outer, rows inner: only one pair's ids are live at a time.
-  auto apply = [&](auto window_value) {
+  auto apply = [&](auto has_window) {
+    // Columns outer, rows inner: only one pair's ids are live at a time.
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); c += 2) {
       const int jj = get<1>(c_rc(0, c));  // even: the pair (jj, jj + 1) is 8-byte aligned
       const int2 k_doc = *reinterpret_cast<const int2*>(k_ids + jj);
       const int2 k_grp = *reinterpret_cast<const int2*>(k_ids + kCols + jj);
       CUTE_UNROLL
-      for (int r = 0; r < kThreadRows; ++r) {
-        if (!token_allowed(q_doc[r], q_grp[r], k_doc.x, k_grp.x, qpos[r], col0 + jj, window_value))
-          s_rc(r, c) = -INFINITY;
-        if (!token_allowed(q_doc[r], q_grp[r], k_doc.y, k_grp.y, qpos[r], col0 + jj + 1, window_value))
-          s_rc(r, c + 1) = -INFINITY;
+      for (int e = 0; e < 2; ++e) {
+        const int off = jj - jj0 + e;
+        const int kd = e == 0 ? k_doc.x : k_doc.y;
+        const int kg = e == 0 ? k_grp.x : k_grp.y;
+        CUTE_UNROLL
+        for (int r = 0; r < kThreadRows; ++r) {
+          // Bitwise, not short-circuit, operators: predicates and one select per element, no branches.
+          bool causal = off <= hi[r];
+          if constexpr (decltype(has_window)::value) causal &= off > hi[r] - window;
+          const bool allowed = doc_ok[r] & (kd == q_doc[r]) & (causal | (grp_ok[r] & (kg == q_grp[r])));
+          s_rc(r, c + e) = allowed ? s_rc(r, c + e) : -INFINITY;
+        }
       }
     }
   };
   if (window <= 0) {
-    apply(0);
+    apply(std::false_type{});
   } else {
-    apply(window);
+    apply(std::true_type{});
   }
 }
 
