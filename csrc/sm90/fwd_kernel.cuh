@@ -307,6 +307,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     consume<Traits, kSoftcap>(p, s, b, h, row0, qpos0, n_tiles);
   }
+#elif defined(__CUDA_ARCH__)
+  // Compiled for a target without wgmma (sm_80, or plain sm_90 instead of sm_90a): omni_fwd only launches this
+  // kernel on compute capability 9.0, so a library built for sm_90 without the "a" got here. Fail loudly
+  // rather than return an unwritten output.
+  __trap();
 #endif
 }
 
