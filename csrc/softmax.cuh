@@ -101,4 +101,19 @@ struct OnlineSoftmax {
   }
 };
 
+// Writes the lse of each row of a thread's accumulator fragment to lse_row[row] for rows before rows_valid.
+// c_rc: the fragment's (row, col) coordinates as (rows, cols); the quad's first thread (the one holding
+// column 0) writes for the quad.
+template <int kRows, class TC>
+__forceinline__ __device__ void store_lse(const TC& c_rc, const float (&lse)[kRows], float* lse_row,
+                                          int rows_valid) {
+  if (get<1>(c_rc(0, 0)) == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(c_rc(r, 0));
+      if (row < rows_valid) lse_row[row] = lse[r];
+    }
+  }
+}
+
 }  // namespace omni

@@ -262,14 +262,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
              store_thr.partition_S(make_identity_tensor(Shape<_64, Int<kHeadDim>>{})), p.q_len - wg_row0);
 
   auto c_rc = rowcol(thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
-  float* lse_row = p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0;
-  if (get<1>(c_rc(0, 0)) == 0) {  // the quad's first thread holds column 0 of its rows
-    CUTE_UNROLL
-    for (int r = 0; r < size<0>(c_rc); ++r) {
-      const int row = get<0>(c_rc(r, 0));
-      if (row < p.q_len - row0) lse_row[row] = lse[r];
-    }
-  }
+  store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);
 }
 
 template <class Traits, bool kSoftcap>
