@@ -43,17 +43,31 @@ __device__ void reduce_ids(int least, int smallest, int greatest, int unique, in
   out[2] = (smallest == greatest && greatest >= 0) ? greatest : unique;
 }
 
-// Warp w of the grid summarises block w % (num_q + num_kv) of batch row w / (num_q + num_kv): Q blocks
-// first (over the last q_len positions), then KV blocks. Group ids count only where doc >= 0.
+// Both kernels run one warp per block of a batch row, Q blocks first, then KV blocks: warp w takes block
+// w % (num_q + num_kv) of batch row w / (num_q + num_kv), which is also its summary's index in the workspace.
+struct WarpItem {
+  int warp, lane, b;
+  bool is_q;    // a Q block (else a KV block)
+  int index;    // the block's index on its side
+  bool active;  // false for the spare warps of the last CTA
+};
+
+__device__ WarpItem warp_item(const Blocks& g, int batch) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+  const int per_row = g.num_q + g.num_kv;
+  const int block = warp % per_row;
+  const bool is_q = block < g.num_q;
+  return {warp, static_cast<int>(threadIdx.x % kWarp), warp / per_row, is_q, is_q ? block : block - g.num_q,
+          warp < batch * per_row};
+}
+
+// Summaries of Q blocks cover the last q_len positions. Group ids count only where doc >= 0.
 __global__ void summarise_blocks(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids,
                                  Blocks g, int batch, int32_t* __restrict__ workspace) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int per_row = g.num_q + g.num_kv;
-  if (warp >= batch * per_row) return;
-  const int b = warp / per_row, block = warp % per_row;
-  const bool is_q = block < g.num_q;
-  const int index = is_q ? block : block - g.num_q;
+  const WarpItem item = warp_item(g, batch);
+  if (!item.active) return;
+  const int b = item.b, lane = item.lane, index = item.index;
+  const bool is_q = item.is_q;
   const int first = is_q ? g.q_first(index) : g.k_first(index);
   const int last = is_q ? g.q_last(index) : g.k_last(index);
   const int32_t* doc = doc_ids + static_cast<int64_t>(b) * g.kv_len;
@@ -73,7 +87,7 @@ __global__ void summarise_blocks(const int32_t* __restrict__ doc_ids, const int3
   int summary[6];
   reduce_ids(d_least, d_min, d_max, unique, summary);
   reduce_ids(g_least, g_min, g_max, unique, summary + 3);
-  if (lane < 6) workspace[static_cast<int64_t>(warp) * OMNI_TOKEN_SUMMARY_INTS + lane] = summary[lane];
+  if (lane < 6) workspace[static_cast<int64_t>(item.warp) * OMNI_TOKEN_SUMMARY_INTS + lane] = summary[lane];
 }
 
 __device__ BlockSummary load_summary(const int32_t* workspace, int64_t block) {
@@ -99,24 +113,21 @@ __device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const B
   return OMNI_PARTIAL;
 }
 
-// Warp w writes row w % (num_q + num_kv) of batch row w / (num_q + num_kv): the row view's Q blocks first,
-// then the column view's KV blocks. Active columns go first, ascending (a stable compaction by ballot).
+// A Q block's warp writes its row of the row view, a KV block's warp its row of the column view. Active
+// columns go first, ascending (a stable compaction by ballot).
 __global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int batch, int window,
                             OmniBlockListOut kv, OmniBlockListOut q) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int per_row = g.num_q + g.num_kv;
-  if (warp >= batch * per_row) return;
-  const int b = warp / per_row, block = warp % per_row;
-  const bool row_view = block < g.num_q;
-  const int row = row_view ? block : block - g.num_q;
+  const WarpItem item = warp_item(g, batch);
+  if (!item.active) return;
+  const int b = item.b, lane = item.lane, row = item.index;
+  const bool row_view = item.is_q;
   const int cols = row_view ? g.num_kv : g.num_q;
   // Field by field: selecting between two kernel parameters as a whole copies them to the stack.
   const OmniBlockListOut out{row_view ? kv.num_blocks : q.num_blocks, row_view ? kv.indices : q.indices,
                              row_view ? kv.types : q.types, row_view ? kv.partial : q.partial};
   const int64_t list = (static_cast<int64_t>(b) * (row_view ? g.num_q : g.num_kv) + row) * cols;
-  const int64_t base = static_cast<int64_t>(b) * per_row;
-  const BlockSummary mine = load_summary(workspace, base + block);
+  const int64_t base = static_cast<int64_t>(b) * (g.num_q + g.num_kv);  // this batch row's first summary
+  const BlockSummary mine = load_summary(workspace, item.warp);
   int count = 0;
   int8_t first_type = OMNI_MASKED;
   for (int start = 0; start < cols; start += kWarp) {
