@@ -111,7 +111,9 @@ class _Attention(torch.autograd.Function):
             out, lse = attention_forward_op(q, k, v, list(mask_tensors), mask_sizes, scale, softcap)
         else:
             mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
-            out, lse = _backend(q, k, v, mask)[0](q, k, v, mask, scale, softcap or None)
+            forward, backward = _backend(q, k, v, mask)
+            out, lse = forward(q, k, v, mask, scale, softcap or None)
+            ctx.eager = mask, backward  # the backward runs where the forward ran, without choosing again
         ctx.save_for_backward(q, k, v, out, lse, *mask_tensors)
         ctx.mask_sizes, ctx.scale, ctx.softcap = mask_sizes, scale, softcap
         ctx.mark_non_differentiable(lse)
@@ -127,8 +129,8 @@ class _Attention(torch.autograd.Function):
             grads = attention_backward_op(grad_out, q, k, v, out, lse, mask_tensors, ctx.mask_sizes, ctx.scale,
                                           ctx.softcap)
         else:
-            mask = OmniBlockMask._from_op_args(mask_tensors, ctx.mask_sizes)
-            grads = _backend(q, k, v, mask)[1](grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.softcap or None)
+            mask, backward = ctx.eager
+            grads = backward(grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.softcap or None)
         return (*grads, None, None, None, *(None for _ in mask_tensors))
 
 
