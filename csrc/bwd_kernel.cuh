@@ -16,6 +16,7 @@
 #include "bwd_atomic.cuh"
 #include "bwd_mask.cuh"
 #include "bwd_run.cuh"
+#include "bwd_scores.cuh"
 #include "bwd_traits.cuh"
 #include "bwd_walk.cuh"
 #include "fragment.cuh"
@@ -39,17 +40,6 @@ __forceinline__ __device__ auto gmem_rows(const OmniTensor& t, int b, int h, int
 __forceinline__ __device__ void cp_async_16(void* smem, const void* gmem) {
   SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*static_cast<const uint128_t*>(gmem), *static_cast<uint128_t*>(smem));
 }
-
-// log2(x) for x >= 0, denormals flushed (log2 of a denormal P gives -inf, so that entry's dS factor is 0).
-__forceinline__ __device__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// ds / d(scale * S) under softcap, from t = tanh(scale * S / cap): 1 - t^2, clamped so that entries with
-// P = 0 (masked: t = -inf) give 0 rather than NaN.
-__forceinline__ __device__ float dtanh(float t) { return fmaxf(1.f - t * t, 0.f); }
 
 // kSoftcap: s = cap * tanh(scale * S / cap), with the accurate tanhf so that P matches an exact lse.
 template <typename Kt, bool kSoftcap>
@@ -239,15 +229,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       for (int r = 0; r < size<0>(dp_rc); ++r) {
         const int row = get<0>(cS_rc(r, 0));
         const float d = sm.dsum[buf][row];
+        const float lse2 = sm.lse2[buf][row];
         CUTE_UNROLL
         for (int c = 0; c < size<1>(dp_rc); ++c) {
-          const float ds = p_rc(r, c) * (dp_rc(r, c) - d);
-          if constexpr (kSoftcap) {
-            const float t = (fast_log2(p_rc(r, c)) + sm.lse2[buf][row]) * (1.f / mul);
-            dp_rc(r, c) = ds * dtanh(t);
-          } else {
-            dp_rc(r, c) = ds;
-          }
+          dp_rc(r, c) = score_grad<kSoftcap>(p_rc(r, c), dp_rc(r, c), d, lse2, 1.f / mul);
         }
       }
       Tensor ds_elem = convert_fragment<Element>(acc_dp);

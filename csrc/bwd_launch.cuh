@@ -1,10 +1,12 @@
-// run_bwd: the three launches of one backward instantiation (preprocess, main kernel, dQ conversion).
+// run_bwd: the three launches of one backward instantiation (preprocess, main kernel, dQ conversion). The main
+// kernel is the sm_90a one where sm90::bwd_supported says it can run the call, else sm_80's.
 // Included only by inst/bwd_<dtype>_hdim<D>.cu, which instantiate it.
 #pragma once
 #include "bwd_kernel.cuh"
 #include "bwd_rows.cuh"
 #include "bwd_run.cuh"
 #include "dispatch.cuh"
+#include "sm90/bwd_api.cuh"
 #include "status.cuh"
 
 namespace omni::bwd {
@@ -41,9 +43,12 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
     if (int s = check_cuda(cudaGetLastError(), "backward preprocess launch")) return s;
   }
   if (main_grid.x > 0 && main_grid.y > 0) {
-    const int s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
-      return launch_main<Kt, softcap()>(p, ws, main_grid, stream);
-    });
+    int s = OMNI_OK;
+    if (kBlockN == 128 && sm90::bwd_supported(p)) {
+      s = sm90::run_bwd_main<Element, kHeadDim>(p, ws);
+    } else {
+      s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) { return launch_main<Kt, softcap()>(p, ws, main_grid, stream); });
+    }
     if (s != OMNI_OK) return s;
   }
   if (row_grid.x > 0 && row_grid.y > 0) {

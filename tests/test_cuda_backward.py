@@ -8,6 +8,9 @@ P and dS to the dtype before its tensor-core GEMMs, two more roundings of the sa
 within 4 * e_ref (sqrt(3) for three equal independent roundings, with margin). Gradients the mask makes
 zero by its structure (rows with no allowed key, keys no query of the group sees) must be exactly zero.
 
+On a Hopper GPU each test runs twice: through the sm_90a main kernel (which takes 128-key mask blocks and
+falls back to sm_80 for the rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel.
+
 Skipped (never failed) without a CUDA device or the library. Run one small case standalone, e.g. under
 compute-sanitizer: ``python tests/test_cuda_backward.py``.
 """
@@ -19,6 +22,7 @@ import ctypes
 import pytest
 import torch
 
+from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
 from omni_hf import _cuda, reference
 from omni_hf.mask import OmniBlockMask
 
@@ -221,13 +225,14 @@ def test_transposed_bshd_inputs(dtype):
     _check(dout, q, k, v, OmniBlockMask.causal(259, block_q=64, block_kv=128))
 
 
-def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient():
+@pytest.mark.parametrize("block", [64, 128])
+def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient(block):
     gen = torch.Generator("cuda").manual_seed(17)
     q, k, v, dout = _qkv(1, 4, 2, 300, 280, 64, torch.bfloat16, gen=gen)
     dense = torch.rand(1, 4, 300, 280, generator=gen, device="cuda") < 0.3
     dense[:, :, 40:170] = False  # whole query blocks with no key
     dense[:, :, :, 200:] = False  # keys nobody sees, including the tail
-    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=64, block_kv=64))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=block, block_kv=block))
 
 
 @pytest.mark.parametrize("block_kv", [64, 128])
@@ -253,6 +258,26 @@ def test_errors_are_reported_as_status_codes():
     odd = torch.empty(1, 2, 128, 68, dtype=q.dtype, device="cuda")[..., :64]  # rows of 68 elements: misaligned
     assert _backward_into(odd, dk, dv, dout, q, k, v, out, lse, mask, 0.125) == 4  # ALIGNMENT
     assert "dq" in _cuda._library().omni_last_error_detail().decode()
+
+
+@pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
+def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(kernel_path):
+    """The sm_90a main kernel runs for block_kv = 128 on Hopper (any block_q); block_kv = 64 and the switch
+    fall back to sm_80's."""
+    gen = torch.Generator("cuda").manual_seed(3)
+    q, k, v, dout = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, gen=gen)
+    out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300, 300, device="cuda"), 0.125)
+
+    def main_kernels(block_q, block_kv):
+        mask = OmniBlockMask.causal(300, 300, block_q=block_q, block_kv=block_kv, device="cuda")
+        names = kernel_names(lambda: _cuda.backward(dout, q, k, v, out, lse, mask, 0.125, None), "bwd")
+        return [n for n in names if "preprocess" not in n and "convert" not in n]
+
+    for block_q in (64, 128):
+        names = main_kernels(block_q, 128)
+        assert len(names) == 1 and ("sm90::" in names[0]) == (kernel_path == "sm90"), names
+    names = main_kernels(128, 64)
+    assert len(names) == 1 and "sm90::" not in names[0], names
 
 
 if __name__ == "__main__":  # small cases (every block type, both block sizes, the token rule) for compute-sanitizer

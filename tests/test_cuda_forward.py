@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
 from omni_hf import OmniBlockMask, _cuda, reference
 
 pytestmark = pytest.mark.skipif(not _cuda.available(), reason="CUDA device or omni_hf CUDA library unavailable")
@@ -22,23 +23,9 @@ LSE_ATOL_SOFTCAP = 1e-2
 BLOCKS = ((128, 128), (64, 64), (64, 128), (128, 64))
 
 
-def _is_hopper() -> bool:
-    return _cuda.available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(_cuda, "poison_outputs", True)
-
-
-@pytest.fixture(autouse=True, params=("sm90", "sm80") if _is_hopper() else ("default",))
-def kernel_path(request, monkeypatch):
-    """The library reads OMNI_HF_DISABLE_SM90 at every call."""
-    if request.param == "sm80":
-        monkeypatch.setenv("OMNI_HF_DISABLE_SM90", "1")
-    else:
-        monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
-    return request.param
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -259,13 +246,10 @@ def test_misaligned_stride_is_reported_and_rejected():
 
 
 def _forward_kernel_names(q, k, v, mask) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _cuda.forward(q, k, v, mask, q.shape[-1] ** -0.5, None)
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if "fwd_kernel" in e.name]
+    return kernel_names(lambda: _cuda.forward(q, k, v, mask, q.shape[-1] ** -0.5, None), "fwd_kernel")
 
 
-@pytest.mark.skipif(not _is_hopper(), reason="needs a compute capability 9.0 GPU")
+@pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
 def test_hopper_kernel_runs_128_blocks_and_the_switch_turns_it_off(kernel_path):
     """The sm_90a kernel takes 128 x 128 blocks on Hopper; other block sizes and the switch fall back."""
     q, k, v = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=12)

@@ -11,47 +11,51 @@ namespace omni::sm90 {
 
 using namespace cute;
 
-// s_rc / c_rc: the scores and their in-tile (row, col) coordinates as (rows, cols); q_ids / k_ids: the staged
-// [doc, grp] ids of the tile's kRows rows / kCols columns (tile_aux.cuh). mask_rule.cuh's token_allowed with
-// everything that depends on the row alone done once per row: per element it is the doc compare, the group
-// compare and a compare of the column's offset against the row's causal limit,
-//   j <= qpos  <=>  offset <= hi;   qpos - j < window  <=>  offset >= hi - window + 1.
+// s_rc / c_rc: the scores and their in-tile (row, col) coordinates as (rows, cols); row_ids / col_ids: the staged
+// [doc, grp] ids of the tile's kRows rows / kCols columns (tile_aux.cuh), whose first positions are row_pos0 /
+// col_pos0. The rows are queries and the columns keys (forward, S), or the other way round with kRowsAreKeys
+// (backward, S^T). mask_rule.cuh's token_allowed with everything that depends on the row alone done once per
+// row. The rule is symmetric in the two ids (doc >= 0 and equal on both sides is doc >= 0 on one side and
+// equal), so per element it is the doc compare, the group compare and a compare of the column's offset
+// `off` from the thread's first column against d = row position - position of that first column:
+//   queries as rows: key <= query <=> off <= d;  query - key < window <=> off > d - window;
+//   keys as rows:    key <= query <=> off >= d;  query - key < window <=> off < d + window.
 // Without a window (window <= 0) the second test is compiled out.
-template <int kRows, int kCols, class TS, class TC>
-__forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const int* q_ids, const int* k_ids,
-                                                int qpos0, int col0, int window) {
+template <int kRows, int kCols, bool kRowsAreKeys = false, class TS, class TC>
+__forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const int* row_ids, const int* col_ids,
+                                                int row_pos0, int col_pos0, int window) {
   static_assert(decltype(size<1>(s_rc))::value % 2 == 0, "columns come in pairs");
   constexpr int kThreadRows = decltype(size<0>(s_rc))::value;
   const int jj0 = get<1>(c_rc(0, 0));  // this thread's first column; the others are constant offsets from it
-  int q_doc[kThreadRows], q_grp[kThreadRows], hi[kThreadRows];
+  int r_doc[kThreadRows], r_grp[kThreadRows], d[kThreadRows];
   bool doc_ok[kThreadRows], grp_ok[kThreadRows];
   CUTE_UNROLL
   for (int r = 0; r < kThreadRows; ++r) {
     const int ii = get<0>(c_rc(r, 0));
-    q_doc[r] = q_ids[ii];
-    q_grp[r] = q_ids[kRows + ii];
-    doc_ok[r] = q_doc[r] >= 0;
-    grp_ok[r] = q_grp[r] >= 0;
-    hi[r] = qpos0 + ii - col0 - jj0;
+    r_doc[r] = row_ids[ii];
+    r_grp[r] = row_ids[kRows + ii];
+    doc_ok[r] = r_doc[r] >= 0;
+    grp_ok[r] = r_grp[r] >= 0;
+    d[r] = row_pos0 + ii - col_pos0 - jj0;
   }
   auto apply = [&](auto has_window) {
     // Columns outer, rows inner: only one pair's ids are live at a time.
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); c += 2) {
       const int jj = get<1>(c_rc(0, c));  // even: the pair (jj, jj + 1) is 8-byte aligned
-      const int2 k_doc = *reinterpret_cast<const int2*>(k_ids + jj);
-      const int2 k_grp = *reinterpret_cast<const int2*>(k_ids + kCols + jj);
+      const int2 c_doc = *reinterpret_cast<const int2*>(col_ids + jj);
+      const int2 c_grp = *reinterpret_cast<const int2*>(col_ids + kCols + jj);
       CUTE_UNROLL
       for (int e = 0; e < 2; ++e) {
         const int off = jj - jj0 + e;
-        const int kd = e == 0 ? k_doc.x : k_doc.y;
-        const int kg = e == 0 ? k_grp.x : k_grp.y;
+        const int cd = e == 0 ? c_doc.x : c_doc.y;
+        const int cg = e == 0 ? c_grp.x : c_grp.y;
         CUTE_UNROLL
         for (int r = 0; r < kThreadRows; ++r) {
           // Bitwise, not short-circuit, operators: predicates and one select per element, no branches.
-          bool causal = off <= hi[r];
-          if constexpr (decltype(has_window)::value) causal &= off > hi[r] - window;
-          const bool allowed = doc_ok[r] & (kd == q_doc[r]) & (causal | (grp_ok[r] & (kg == q_grp[r])));
+          bool causal = kRowsAreKeys ? off >= d[r] : off <= d[r];
+          if constexpr (decltype(has_window)::value) causal &= kRowsAreKeys ? off < d[r] + window : off > d[r] - window;
+          const bool allowed = doc_ok[r] & (cd == r_doc[r]) & (causal | (grp_ok[r] & (cg == r_grp[r])));
           s_rc(r, c + e) = allowed ? s_rc(r, c + e) : -INFINITY;
         }
       }

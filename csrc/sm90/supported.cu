@@ -1,8 +1,9 @@
-// When omni_fwd takes the sm_90a forward (host code only).
+// When omni_fwd takes the sm_90a forward and omni_bwd the sm_90a backward main kernel (host code only).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 
+#include "sm90/bwd_api.cuh"
 #include "sm90/fwd_api.cuh"
 #include "sm90/tma.cuh"
 
@@ -30,12 +31,21 @@ bool disabled_by_env() {
   return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
 }
 
+// Hopper, not switched off, and q, k, v readable by TMA.
+bool hopper_can_read(const OmniFwdParams& p) {
+  return p.kv_len > 0 && !disabled_by_env() && device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
+         tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
+}
+
 }  // namespace
 
 bool fwd_supported(const OmniFwdParams& p) {
-  return p.mask.block_q == 128 && p.mask.block_kv == 128 && p.kv_len > 0 && !disabled_by_env() &&
-         device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
-         tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
+  return p.mask.block_q == 128 && p.mask.block_kv == 128 && hopper_can_read(p);
+}
+
+bool bwd_supported(const OmniBwdParams& p) {
+  return p.fwd.mask.block_kv == 128 && p.fwd.q_len > 0 && hopper_can_read(p.fwd) &&
+         tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
 }
 
 }  // namespace omni::sm90

@@ -1,0 +1,402 @@
+// The sm_90a backward main kernel. One CTA per (128-key block, KV head, batch) walks the active 64-row query
+// tiles of its column, for every query head of its GQA group (bwd_walk.cuh, the sm_80 kernel's walk), so dK
+// and dV come out summed over the group:
+//   warpgroup 0 (producer, one warp): K, V and the keys' token ids once; per tile, TMA loads of Q and dO and
+//     bulk copies of lse2 and D into a kStages-deep ring completing on mbarriers, the rows' token ids by
+//     cp.async, and the tile's descriptor beside them.
+//   warpgroups 1, 2 (consumers, 64 keys each), per tile, in the transposed orientation so that P^T and dS^T
+//     are wgmma A operands straight from registers:
+//       S^T = K Q^T, dP^T = V dO^T            (issued together)
+//       P^T = exp2(t * mul - lse2) masked by the tile kind (FULL tiles run no mask code)
+//       dV += P^T dO                          (in flight while dS is computed)
+//       dS^T = P^T (dP^T - D), dK += dS^T Q
+//       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half)
+//     and the tile's dQ goes through padded smem rows into the fp32 workspace by bulk reductions
+//     (cp.reduce.async.bulk .add.f32), which drain while the next tile computes.
+// Rows past q_len need no mask: lse2 is +inf there, so P = 0. Keys past kv_len are masked like the sm_80
+// kernel's (TMA reads them as zeros, but P of a zero score can still overflow when lse is very negative).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "bwd_run.cuh"
+#include "bwd_scores.cuh"
+#include "bwd_walk.cuh"
+#include "fragment.cuh"
+#include "omni_attention.h"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/tma.cuh"
+#include "sm90/token_mask.cuh"
+#include "sm90/wgmma.cuh"
+#include "softmax.cuh"
+#include "tile_aux.cuh"
+#include "tile_copy.cuh"
+#include "tile_mask.cuh"
+
+namespace omni::sm90 {
+
+using namespace cute;
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+using bwd::QTile;
+
+// The kernel's parameters: the ABI's params, the workspace and the TMA descriptors of q, dout, k, v.
+template <class Traits>
+struct BwdParams {
+  using Element = typename Traits::Element;
+  using TmaRows = decltype(make_tma_load<Element, Traits::kHeadDim>(
+      OmniTensor{}, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutQ{})));
+  using TmaKV = decltype(make_tma_load<Element, Traits::kHeadDim>(OmniTensor{}, 1, 1, 1,
+                                                                  typename Traits::SmemLayoutK{}));
+  OmniBwdParams p;
+  bwd::Workspace ws;
+  TmaRows tma_q, tma_dout;
+  TmaKV tma_k, tma_v;
+};
+
+// Named barriers of the consumer warpgroups (0 is __syncthreads).
+constexpr int kDsReadyBarrier = 1;   // both halves of dS^T are in smem; the previous dQ left smem
+constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem; both dQ GEMMs are done with dS
+constexpr int kEpilogueBarrier = 3;  // every GEMM is done with K and V, whose smem takes dK and dV
+
+__forceinline__ __device__ void consumer_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Each producer lane arrives twice on a "full" barrier after staging token ids: once when its cp.async copies
+// land, once (release) for the plain stores that filled positions outside the ids. With lane 0's arrive that
+// announces the TMA bytes, a full barrier expects 65 arrivals.
+constexpr int kFullArrivals = 1 + 2 * 32;
+
+__forceinline__ __device__ void arrive_after_staging(uint64_t* bar) {
+  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+  Barrier::arrive(bar);
+}
+
+// 1-D bulk copy of `bytes` (a multiple of 16) from global to shared memory, completing on `bar`.
+__forceinline__ __device__ void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* bar) {
+  SM90_BULK_COPY_G2S::copy(gmem, bar, smem, bytes);
+}
+
+// gmem[0 .. bytes) += smem[0 .. bytes) in fp32, asynchronously (committed by tma_store_arrive).
+__forceinline__ __device__ void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))), "r"(bytes)
+               : "memory");
+}
+
+// The token ids of batch b (NULL when absent).
+__forceinline__ __device__ const int* batch_ids(const int32_t* ids, int64_t stride_b, int b) {
+  return ids != nullptr ? ids + b * stride_b : nullptr;
+}
+
+// The producer warp: K, V once, then every tile of the walk in order, a stage at a time as the consumers free
+// them. After the last tile it publishes an invalid tile, which ends the consumers' loop.
+template <class Traits, class Params, class Storage>
+__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h_kv, int n_block) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const OmniFwdParams& f = params.p.fwd;
+  const OmniMask& m = f.mask;
+  const bwd::Workspace& ws = params.ws;
+  const int lane = threadIdx.x % 32;
+  const int* doc = batch_ids(m.doc_ids, m.ids_stride_b, b);
+  const int* grp = batch_ids(m.group_ids, m.ids_stride_b, b);
+  const int group = f.heads_q / f.heads_kv;
+
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQ{});
+  auto kv_shape = make_shape(f.kv_len, Int<kHeadDim>{}, f.heads_kv, f.batch);
+  auto rows_shape = make_shape(f.q_len, Int<kHeadDim>{}, f.heads_q, f.batch);
+  Tensor gK = local_tile(params.tma_k.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                         make_coord(n_block, _0{}));
+  Tensor gV = local_tile(params.tma_v.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                         make_coord(n_block, _0{}));
+  Tensor mQ = params.tma_q.get_tma_tensor(rows_shape);
+  Tensor mdO = params.tma_dout.get_tma_tensor(rows_shape);
+  if (lane == 0) {
+    auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    Barrier::arrive_and_expect_tx(&s.kv_full, 2 * Traits::kKVBytes);
+    copy(params.tma_k.with(s.kv_full), tKg, tKs);
+    copy(params.tma_v.with(s.kv_full), tVg, tVs);
+  }
+  stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, n_block * kBlockN, f.kv_len, lane);
+  arrive_after_staging(&s.kv_full);
+
+  const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, n_block, f.q_len,
+                                      (n_block + 1) * kBlockN > f.kv_len);
+  bwd::WalkCursor cursor = walk.start();
+  for (int t = 0;; ++t) {
+    const int stage = t % Traits::kStages;
+    Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);  // a fresh barrier counts as freed once
+    const QTile tile = walk.next(cursor);
+    if (lane == 0) {
+      s.tile[stage] = tile;
+      if (tile.valid) {
+        const int64_t ws_row = (int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM;
+        auto tile_of = [&](auto& m_rows) {
+          return local_tile(m_rows(_, _, tile.h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                            make_coord(tile.m_block, _0{}));
+        };
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)),
+                                        group_modes<0, 2>(tile_of(mQ)));
+        auto [tdOg, tdOs] = tma_partition(params.tma_dout, _0{}, Layout<_1>{},
+                                          group_modes<0, 2>(sdO(_, _, stage)), group_modes<0, 2>(tile_of(mdO)));
+        Barrier::arrive_and_expect_tx(&s.full[stage], 2 * Traits::kRowTileBytes + 2 * Traits::kRowScalarBytes);
+        copy(params.tma_q.with(s.full[stage]), tQg, tQs);
+        copy(params.tma_dout.with(s.full[stage]), tdOg, tdOs);
+        bulk_load(s.lse2[stage], ws.lse2 + ws_row, Traits::kRowScalarBytes, &s.full[stage]);
+        bulk_load(s.dsum[stage], ws.dsum + ws_row, Traits::kRowScalarBytes, &s.full[stage]);
+      } else {
+        Barrier::arrive(&s.full[stage]);
+      }
+    }
+    if (tile.valid && tile.kind == kTileToken) {
+      const int qpos0 = tile.m_block * kBlockM + f.kv_len - f.q_len;
+      stage_token_ids<kBlockM, 32>(s.q_ids[stage], doc, grp, qpos0, f.kv_len, lane);
+    }
+    arrive_after_staging(&s.full[stage]);
+    if (!tile.valid) break;
+  }
+}
+
+// A coordinate tensor of shape (kRows, kCols) whose element (i, j) is the coordinate (j, i): the S^T-shaped
+// fragments' (query row, key) pairs, in the (row, col) order the mask functions of tile_mask.cuh read.
+template <int kRows, int kCols>
+__forceinline__ __device__ auto transposed_identity() {
+  return make_tensor(make_inttuple_iter(make_coord(_0{}, _0{})),
+                     make_layout(Shape<Int<kRows>, Int<kCols>>{}, make_stride(E<1>{}, E<0>{})));
+}
+
+// Masks the S^T fragment by tile kind (FULL tiles never get here). c: each element's (key, query row) in the
+// tile, as the fragment is laid out; c_t: the same pairs as (query row, key), the order of tile_mask.cuh.
+template <class Traits, class TS, class TC, class TCt>
+__forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt& c_t, const QTile& tile,
+                                              const OmniMask& m, int kv_len, int qpos0, int col0, const int* q_ids,
+                                              const int* k_ids) {
+  switch (tile.kind) {
+    case kTileColLimit: mask_col_limit(acc_s, c_t, kv_len - col0); break;
+    case kTileCausal: mask_causal(acc_s, c_t, qpos0, col0); break;
+    case kTileToken: {
+      auto s_rc = rowcol(acc_s);
+      mask_token_rule<Traits::kBlockN, Traits::kBlockM, true>(s_rc, rowcol(c), k_ids, q_ids, col0, qpos0, m.window);
+      break;
+    }
+    case kTilePool: {  // read in place (L1): pool tiles are rare next to the token rule's
+      FragmentBits<decltype(size(acc_s))::value> bits;
+      const int* rows = m.partial_pool + (int64_t(tile.pool) * m.block_q + tile.ii0) * (Traits::kBlockN / 32);
+      pool_bits(bits, c_t, staged_pool_view<Traits::kBlockM, Traits::kBlockN / 32>(rows), kv_len - col0);
+      bits.apply(acc_s);
+      break;
+    }
+    default: break;
+  }
+}
+
+// dst (padded fp32 smem rows, partitioned like acc) = acc, as float2 stores: the two values of an accumulator
+// pair are adjacent columns.
+template <class Acc, class Dst>
+__forceinline__ __device__ void store_pairs(const Acc& acc, Dst&& dst) {
+  static_assert(decltype(size<0, 0>(dst))::value == 2 && decltype(stride<0, 0>(dst))::value == 1,
+                "accumulator value pairs must be adjacent columns");
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) *reinterpret_cast<float2*>(&dst(i)) = make_float2(acc(i), acc(i + 1));
+}
+
+// The consumer warpgroups: the tiles of the walk (see the file comment), then dK and dV out.
+template <class Traits, bool kSoftcap, class Storage>
+__forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b,
+                                        int h_kv, int n_block) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kThreads = Traits::kConsumerThreads;
+  const OmniFwdParams& f = p.fwd;
+  const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
+  const int n0 = n_block * kBlockN;
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmaDKV mma_dkv;
+  typename Traits::TiledMmaDQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(ctid);
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdSt{});
+  Tensor sdQ = make_tensor(make_smem_ptr(s.dq), Layout<Shape<Int<kBlockM>, Int<kHeadDim>>,
+                                                       Stride<Int<Traits::kDqRowFloats>, _1>>{});
+
+  // Operands: S^T / dP^T read K / V (this warpgroup's 64 keys) and the stage's Q / dO; dV / dK read P^T / dS^T
+  // from registers and the stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T.
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tKVrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tKVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+  Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+  Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+  Tensor rP = make_tensor<Element>(acc_s.layout());
+  Tensor rdS = make_tensor<Element>(acc_s.layout());
+  Tensor tKVrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
+  Tensor tKVrdS = make_tensor(rdS.data(), acc_as_a_operand_layout(rdS.layout()));
+  Tensor tSsdSt = thr_sdp.partition_C(sdSt);
+  Tensor tQsdQ = thr_dq.partition_C(sdQ);
+
+  // Each score's (key, query row) in the tile, and the same as (query row, key).
+  const Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  const Tensor cS_t = thr_sdp.partition_C(transposed_identity<kBlockN, kBlockM>());
+  auto s_rc = rowcol(acc_s);
+  auto dp_rc = rowcol(acc_dp);
+  auto cS_rc = rowcol(cS);
+
+  const float mul = float(M_LOG2E) * (kSoftcap ? f.softcap : f.scale);
+  const bool reduces = ctid < 32;  // the warp that issues the dQ reductions
+
+  Barrier::wait(&s.kv_full, 0);
+  for (int t = 0;; ++t) {
+    const int stage = t % kStages;
+    Barrier::wait(&s.full[stage], (t / kStages) & 1);
+    const QTile tile = s.tile[stage];
+    if (!tile.valid) break;
+    gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+    gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
+    const int qpos0 = tile.m_block * kBlockM + f.kv_len - f.q_len;
+
+    // P^T = exp2(t * mul - lse2), the query rows being the fragment's columns.
+    gemm_wait<1>(acc_s);
+    if constexpr (kSoftcap) {  // the accurate tanhf, as the sm_80 kernel, so that P matches an exact lse
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * (f.scale / f.softcap));
+    }
+    if (tile.kind != kTileFull) {
+      mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, s.q_ids[stage], s.k_ids);
+    }
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s_rc); ++c) {
+      const float lse2 = s.lse2[stage][get<1>(cS_rc(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(s_rc(r, c) * mul - lse2);
+    }
+    rP = convert_fragment<Element>(acc_s);
+    gemm_issue<false>(mma_dkv, tKVrP, tKVrdOt(_, _, _, stage), acc_dv);
+
+    // dS^T = P^T (dP^T - D) while dV runs.
+    gemm_wait<1>(acc_dp);
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(dp_rc); ++c) {
+      const int row = get<1>(cS_rc(0, c));
+      const float dsum = s.dsum[stage][row];
+      const float lse2 = s.lse2[stage][row];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dp_rc); ++r) {
+        dp_rc(r, c) = bwd::score_grad<kSoftcap>(s_rc(r, c), dp_rc(r, c), dsum, lse2, 1.f / mul);
+      }
+    }
+    rdS = convert_fragment<Element>(acc_dp);
+    gemm_issue<false>(mma_dkv, tKVrdS, tKVrQt(_, _, _, stage), acc_dk);
+
+    // dS^T to smem (the previous tile's dQ GEMMs are done with it: kDqReadyBarrier), visible to wgmma.
+    copy(rdS, tSsdSt);
+    cutlass::arch::fence_view_async_shared();
+    if (reduces) tma_store_wait<0>();  // the previous tile's reductions have read sdQ
+    consumer_barrier(kDsReadyBarrier, kThreads);
+
+    // dQ = dS K for this warpgroup's head-dim half, then into the workspace.
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    gemm_issue<true>(mma_dq, tQrdS, tQrKt, acc_dq);
+    gemm_wait<0>(acc_dq);
+    warpgroup_fence_operand(rP);
+    warpgroup_fence_operand(rdS);
+    Barrier::arrive(&s.empty[stage]);
+    store_pairs(acc_dq, tQsdQ);
+    tma_store_fence();
+    consumer_barrier(kDqReadyBarrier, kThreads);
+    if (reduces) {
+      float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
+      CUTE_UNROLL
+      for (int r = ctid; r < kBlockM; r += 32) {
+        bulk_reduce_add(dq_rows + r * kHeadDim, s.dq + r * Traits::kDqRowFloats, kHeadDim * sizeof(float));
+      }
+      tma_store_arrive();
+    }
+  }
+  if (reduces) tma_store_wait<0>();
+
+  // Epilogue: dK * scale and dV as Element through the smem of K and V (free once both warpgroups are past their
+  // last GEMM), then 16-byte stores of this warpgroup's rows below kv_len.
+  consumer_barrier(kEpilogueBarrier, kThreads);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= f.scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  copy(rdK, thr_dkv.partition_C(sK));
+  copy(rdV, thr_dkv.partition_C(sV));
+  consumer_barrier(kEpilogueBarrier, kThreads);
+
+  using StoreThreads = Layout<Shape<Int<kThreads / (kHeadDim / 8)>, Int<kHeadDim / 8>>, Stride<Int<kHeadDim / 8>, _1>>;
+  auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
+                                  Layout<Shape<_1, _8>>{});
+  auto store_thr = store_op.get_thread_slice(ctid);
+  const Tensor cKV = store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  auto rows_of = [&](const OmniTensor& t) {
+    Element* ptr = static_cast<Element*>(t.ptr) + b * t.stride_b + h_kv * t.stride_h + int64_t(n0) * t.stride_s;
+    return make_tensor(make_gmem_ptr(ptr), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(t.stride_s, _1{}));
+  };
+  store_rows(store_op, store_thr.partition_S(sK), store_thr.partition_D(rows_of(p.dk)), cKV, f.kv_len - n0);
+  store_rows(store_op, store_thr.partition_S(sV), store_thr.partition_D(rows_of(p.dv)), cKV, f.kv_len - n0);
+}
+
+template <class Traits, bool kSoftcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams<Traits> params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Storage = typename Traits::SharedStorage;
+  extern __shared__ __align__(1024) char smem[];
+  Storage& s = *reinterpret_cast<Storage*>(smem);
+  const int h_kv = blockIdx.x;
+  const int b = blockIdx.y;
+  const int n_block = blockIdx.z;  // every head's first (most loaded, under causal masks) blocks go first
+
+  if (threadIdx.x == 0) {
+    Barrier::init(&s.kv_full, kFullArrivals);
+    for (int i = 0; i < Traits::kStages; ++i) {
+      Barrier::init(&s.full[i], kFullArrivals);
+      Barrier::init(&s.empty[i], Traits::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (threadIdx.x < 32) produce<Traits>(params, s, b, h_kv, n_block);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    consume<Traits, kSoftcap>(params.p, params.ws, s, b, h_kv, n_block);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a; omni_bwd launches this kernel only on compute capability 9.0
+#endif
+}
+
+}  // namespace omni::sm90

@@ -1,0 +1,42 @@
+// Host launcher of the sm_90a backward main kernel for one (dtype, head dim): builds the TMA descriptors and
+// launches one CTA per (KV head, batch, key block). Included only by the instantiation files in sm90/inst/.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "dispatch.cuh"
+#include "sm90/bwd_api.cuh"
+#include "sm90/bwd_kernel.cuh"
+#include "status.cuh"
+
+namespace omni::sm90 {
+
+template <class Traits, bool kSoftcap>
+int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const OmniFwdParams& f = p.fwd;
+  const auto rows_box = take<0, 2>(typename Traits::SmemLayoutQ{});
+  const BwdParams<Traits> params{
+      p, ws,
+      make_tma_load<Element, kHeadDim>(f.q, f.batch, f.heads_q, f.q_len, rows_box),
+      make_tma_load<Element, kHeadDim>(p.dout, f.batch, f.heads_q, f.q_len, rows_box),
+      make_tma_load<Element, kHeadDim>(f.k, f.batch, f.heads_kv, f.kv_len, typename Traits::SmemLayoutK{}),
+      make_tma_load<Element, kHeadDim>(f.v, f.batch, f.heads_kv, f.kv_len, typename Traits::SmemLayoutK{})};
+  auto kernel = bwd_kernel<Traits, kSoftcap>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                         "cudaFuncSetAttribute(sm90 bwd_kernel)"))
+    return s;
+  const dim3 grid(f.heads_kv, f.batch, (f.kv_len + Traits::kBlockN - 1) / Traits::kBlockN);
+  kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(f.stream)>>>(params);
+  return check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
+}
+
+template <typename Element, int kHeadDim>
+int run_bwd_main(const OmniBwdParams& p, const bwd::Workspace& ws) {
+  return dispatch_bool(p.fwd.softcap > 0.f, [&](auto softcap) {
+    return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap()>(p, ws);
+  });
+}
+
+}  // namespace omni::sm90

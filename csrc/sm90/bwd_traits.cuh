@@ -1,0 +1,90 @@
+// Compile-time configuration of the sm_90a backward main kernel: tile sizes, warpgroup roles, the five wgmma
+// tiled MMAs and the swizzled shared-memory layouts they read (with the transposed views over the same bytes).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "bwd_walk.cuh"
+
+namespace omni::sm90 {
+
+using namespace cute;
+
+template <typename Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  // One CTA per 128-key block (the mask's block_kv) walks the 64-row query tiles of its column (the workspace's
+  // row tile), two tiles in flight.
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  // Warpgroup 0 produces (TMA and the walk, one warp busy); warpgroups 1 and 2 consume 64 keys each.
+  static constexpr int kConsumerWGs = kBlockN / 64;
+  static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  // S^T = K Q^T and dP^T = V dO^T: [kBlockN keys, kBlockM rows], both operands K-major (head dim contiguous).
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  // dV += P^T dO and dK += dS^T Q: [kBlockN, kHeadDim] over the tile's rows; P^T / dS^T straight from the S^T
+  // accumulator registers, dO^T / Q^T as MN-major views of the row tiles.
+  using TiledMmaDKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  // dQ = dS K: [kBlockM, kHeadDim] over the CTA's keys, one head-dim half per consumer warpgroup; dS from
+  // shared memory with the rows contiguous, K seen as K^T [kHeadDim, kBlockN].
+  using TiledMmaDQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kConsumerWGs>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kConsumerWGs>, _1>>{}));
+
+  // Q and dO row tiles [kBlockM, kHeadDim, kStages] and K, V [kBlockN, kHeadDim] as TMA writes them: rows of
+  // 64 elements (128 bytes) swizzled in 8-row atoms. The transposed views tile the MN-major atom along the
+  // rows first, which is the same bytes (as the forward's V^T).
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
+                                              Step<_2, _1, _3>{}));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
+  // dS [kBlockM, kBlockN] with the rows contiguous (the A operand of dQ), and the view dS^T [kBlockN, kBlockM]
+  // that the S^T-shaped registers are stored through.
+  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+  // The tile's dQ in fp32, rows padded by 4 floats: the accumulator's float2 stores hit every bank twice (no
+  // conflict), and each 16-byte aligned row is one bulk reduction into the workspace.
+  static constexpr int kDqRowFloats = kHeadDim + 4;
+
+  struct SharedStorage {
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element k[cosize_v<SmemLayoutK>];  // reused for dK in the epilogue
+    alignas(1024) Element v[cosize_v<SmemLayoutK>];  // reused for dV in the epilogue
+    alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
+    alignas(16) float dq[kBlockM * kDqRowFloats];
+    alignas(16) float lse2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
+    alignas(16) int q_ids[kStages][2 * kBlockM];  // [doc, grp] of the tile's rows (token rule)
+    alignas(16) int k_ids[2 * kBlockN];           // [doc, grp] of the CTA's keys
+    bwd::QTile tile[kStages];                     // what the producer's walk gave for each stage
+    alignas(8) uint64_t kv_full;                  // K, V and k_ids landed
+    uint64_t full[kStages];                       // Q, dO, lse2, dsum, q_ids and the tile landed
+    uint64_t empty[kStages];                      // every consumer thread is done with the stage
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static constexpr int kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kRowTileBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kRowScalarBytes = kBlockM * sizeof(float);
+};
+
+}  // namespace omni::sm90
