@@ -1,5 +1,6 @@
 // run_bwd: the three launches of one backward instantiation (preprocess, main kernel, dQ conversion). The main
-// kernel is the sm_90a one where sm90::bwd_supported says it can run the call, else sm_80's.
+// kernel and its dQ conversion are the sm_90a ones where sm90::bwd_supported says they can run the call, else
+// sm_80's.
 // Included only by inst/bwd_<dtype>_hdim<D>.cu, which instantiate it.
 #pragma once
 #include "bwd_kernel.cuh"
@@ -42,13 +43,13 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
     bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, kRowThreads, 0, stream>>>(p, ws);
     if (int s = check_cuda(cudaGetLastError(), "backward preprocess launch")) return s;
   }
+  if (main_grid.x > 0 && main_grid.y > 0 && kBlockN == 128 && sm90::bwd_supported(p)) {
+    return sm90::run_bwd_main<Element, kHeadDim>(p, ws);
+  }
   if (main_grid.x > 0 && main_grid.y > 0) {
-    int s = OMNI_OK;
-    if (kBlockN == 128 && sm90::bwd_supported(p)) {
-      s = sm90::run_bwd_main<Element, kHeadDim>(p, ws);
-    } else {
-      s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) { return launch_main<Kt, softcap()>(p, ws, main_grid, stream); });
-    }
+    const int s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
+      return launch_main<Kt, softcap()>(p, ws, main_grid, stream);
+    });
     if (s != OMNI_OK) return s;
   }
   if (row_grid.x > 0 && row_grid.y > 0) {

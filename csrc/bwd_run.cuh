@@ -14,7 +14,9 @@ constexpr int kRowTile = 64;  // query rows per tile in every backward kernel; t
 constexpr float kLog2e = 1.4426950408889634f;  // lse2 = lse * kLog2e: the kernels exponentiate in base 2
 
 // fp32 scratch of the backward, rows padded to kRowTile so tiles read and write without predicates:
-//   dq_accum [B, Hq, q_pad, D]  dQ / scale summed over the KV blocks (atomics), zeroed by the preprocess
+//   dq_accum [B, Hq, q_pad, D]  dQ / scale summed over the KV blocks, zeroed by the preprocess; row-major for
+//                               the sm_80 kernels (atomics), each kRowTile-row tile in the consumer threads'
+//                               order for the sm_90a ones (bulk reductions, sm90/bwd_dq.cuh)
 //   lse2     [B, Hq, q_pad]     lse * log2(e); +inf for empty rows (lse = -inf) and padding rows
 //   dsum     [B, Hq, q_pad]     D = rowsum(dO * O); 0 for padding rows
 struct Workspace {

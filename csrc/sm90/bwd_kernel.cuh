@@ -11,8 +11,8 @@
 //       dV += P^T dO                          (in flight while dS is computed)
 //       dS^T = P^T (dP^T - D), dK += dS^T Q
 //       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half)
-//     and the tile's dQ goes through padded smem rows into the fp32 workspace by bulk reductions
-//     (cp.reduce.async.bulk .add.f32), which drain while the next tile computes.
+//     and the tile's dQ goes through smem into the fp32 workspace, in the threads' order (bwd_dq.cuh), by one
+//     bulk reduction (cp.reduce.async.bulk .add.f32) that drains while the next tile computes.
 // Rows past q_len need no mask: lse2 is +inf there, so P = 0. Keys past kv_len are masked like the sm_80
 // kernel's (TMA reads them as zeros, but P of a zero score can still overflow when lse is very negative).
 #pragma once
@@ -25,6 +25,7 @@
 #include "bwd_walk.cuh"
 #include "fragment.cuh"
 #include "omni_attention.h"
+#include "sm90/bwd_dq.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/token_mask.cuh"
@@ -197,16 +198,6 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
   }
 }
 
-// dst (padded fp32 smem rows, partitioned like acc) = acc, as float2 stores: the two values of an accumulator
-// pair are adjacent columns.
-template <class Acc, class Dst>
-__forceinline__ __device__ void store_pairs(const Acc& acc, Dst&& dst) {
-  static_assert(decltype(size<0, 0>(dst))::value == 2 && decltype(stride<0, 0>(dst))::value == 1,
-                "accumulator value pairs must be adjacent columns");
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) *reinterpret_cast<float2*>(&dst(i)) = make_float2(acc(i), acc(i + 1));
-}
-
 // The consumer warpgroups: the tiles of the walk (see the file comment), then dK and dV out.
 template <class Traits, bool kSoftcap, class Storage>
 __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b,
@@ -236,8 +227,6 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor sKt = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutKt{});
   Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdSt{});
-  Tensor sdQ = make_tensor(make_smem_ptr(s.dq), Layout<Shape<Int<kBlockM>, Int<kHeadDim>>,
-                                                       Stride<Int<Traits::kDqRowFloats>, _1>>{});
 
   // Operands: S^T / dP^T read K / V (this warpgroup's 64 keys) and the stage's Q / dO; dV / dK read P^T / dS^T
   // from registers and the stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T.
@@ -261,7 +250,6 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor tKVrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
   Tensor tKVrdS = make_tensor(rdS.data(), acc_as_a_operand_layout(rdS.layout()));
   Tensor tSsdSt = thr_sdp.partition_C(sdSt);
-  Tensor tQsdQ = thr_dq.partition_C(sdQ);
 
   // Each score's (key, query row) in the tile, and the same as (query row, key).
   const Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -271,7 +259,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   auto cS_rc = rowcol(cS);
 
   const float mul = float(M_LOG2E) * (kSoftcap ? f.softcap : f.scale);
-  const bool reduces = ctid < 32;  // the warp that issues the dQ reductions
+  const bool reduces = ctid == 0;  // the thread that issues the dQ reductions
 
   Barrier::wait(&s.kv_full, 0);
   for (int t = 0;; ++t) {
@@ -329,15 +317,12 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     warpgroup_fence_operand(rP);
     warpgroup_fence_operand(rdS);
     Barrier::arrive(&s.empty[stage]);
-    store_pairs(acc_dq, tQsdQ);
+    store_dq_slots<Traits>(acc_dq, s.dq, ctid);
     tma_store_fence();
     consumer_barrier(kDqReadyBarrier, kThreads);
     if (reduces) {
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
-      CUTE_UNROLL
-      for (int r = ctid; r < kBlockM; r += 32) {
-        bulk_reduce_add(dq_rows + r * kHeadDim, s.dq + r * Traits::kDqRowFloats, kHeadDim * sizeof(float));
-      }
+      bulk_reduce_add(dq_rows, s.dq, Traits::kDqFloats * sizeof(float));
       tma_store_arrive();
     }
   }

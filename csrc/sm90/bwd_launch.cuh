@@ -1,5 +1,6 @@
-// Host launcher of the sm_90a backward main kernel for one (dtype, head dim): builds the TMA descriptors and
-// launches one CTA per (KV head, batch, key block). Included only by the instantiation files in sm90/inst/.
+// Host launcher of the sm_90a backward main kernel for one (dtype, head dim): builds the TMA descriptors,
+// launches one CTA per (KV head, batch, key block), then the dQ conversion of its accumulator layout
+// (bwd_dq.cuh). Included only by the instantiation files in sm90/inst/.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -29,7 +30,10 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
     return s;
   const dim3 grid(f.heads_kv, f.batch, (f.kv_len + Traits::kBlockN - 1) / Traits::kBlockN);
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(f.stream)>>>(params);
-  return check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
+  if (int s = check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch")) return s;
+  const dim3 rows_grid(f.batch * f.heads_q, static_cast<unsigned>(ws.q_pad / Traits::kBlockM));
+  bwd_convert_dq_kernel<Traits><<<rows_grid, Traits::kConsumerThreads, 0, static_cast<cudaStream_t>(f.stream)>>>(p, ws);
+  return check_cuda(cudaGetLastError(), "sm90 bwd_convert_dq_kernel launch");
 }
 
 template <typename Element, int kHeadDim>

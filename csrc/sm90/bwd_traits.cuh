@@ -5,6 +5,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "bwd_walk.cuh"
+#include "sm90/reg_split.cuh"
 
 namespace omni::sm90 {
 
@@ -25,6 +26,7 @@ struct BwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs), "setmaxnreg split exceeds the launch");
 
   // S^T = K Q^T and dP^T = V dO^T: [kBlockN keys, kBlockM rows], both operands K-major (head dim contiguous).
   using TiledMmaSdP = decltype(make_tiled_mma(
@@ -61,9 +63,9 @@ struct BwdTraits {
                                               Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
-  // The tile's dQ in fp32, rows padded by 4 floats: the accumulator's float2 stores hit every bank twice (no
-  // conflict), and each 16-byte aligned row is one bulk reduction into the workspace.
-  static constexpr int kDqRowFloats = kHeadDim + 4;
+  // The tile's dQ in fp32 as the consumer threads hold it (dq_layout.cuh): one contiguous block of
+  // kBlockM * kHeadDim floats, added to the workspace by a single bulk reduction.
+  static constexpr int kDqFloats = kBlockM * kHeadDim;
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
@@ -71,7 +73,7 @@ struct BwdTraits {
     alignas(1024) Element k[cosize_v<SmemLayoutK>];  // reused for dK in the epilogue
     alignas(1024) Element v[cosize_v<SmemLayoutK>];  // reused for dV in the epilogue
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
-    alignas(16) float dq[kBlockM * kDqRowFloats];
+    alignas(128) float dq[kDqFloats];
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) int q_ids[kStages][2 * kBlockM];  // [doc, grp] of the tile's rows (token rule)

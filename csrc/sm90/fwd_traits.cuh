@@ -5,6 +5,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "kv_tiles.cuh"
+#include "sm90/reg_split.cuh"
 
 namespace omni::sm90 {
 
@@ -26,6 +27,7 @@ struct FwdTraits {
   // producer's TMA coordinates).
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
+  static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs), "setmaxnreg split exceeds the launch");
 
   // S = Q K^T: both operands K-major in smem; one 64-row wgmma atom per consumer warpgroup.
   using TiledMmaQK = decltype(make_tiled_mma(

@@ -1,0 +1,76 @@
+// The sm_90a backward's dQ accumulator. Each 64-row tile of the workspace's dq_accum ([B, Hq, q_pad, D] fp32,
+// kBlockM * D contiguous floats per tile) is kept in the order the consumer threads hold their dQ fragments,
+// not row-major: float4 number j of consumer thread c sits at slot j * kConsumerThreads + c. The main kernel
+// then stages a tile's dQ in shared memory with conflict-free 16-byte stores and adds it to the workspace with
+// a single bulk reduction; bwd_convert_dq_kernel below maps slots back to (row, col) when it writes dq.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "bwd_run.cuh"
+#include "omni_attention.h"
+
+namespace omni::sm90 {
+
+using namespace cute;
+
+// dQ values of one consumer thread, and their 16-byte vectors.
+template <class Traits>
+struct DqSlots {
+  static constexpr int kValues = Traits::kDqFloats / Traits::kConsumerThreads;
+  static constexpr int kVecs = kValues / 4;
+  static_assert(kValues % 4 == 0, "whole float4 vectors per thread");
+  __device__ static int slot(int vec, int ctid) { return (vec * Traits::kConsumerThreads + ctid) * 4; }
+};
+
+// Consumer thread ctid's dQ fragment (fp32 registers, from Traits::TiledMmaDQ) -> its slots of the tile `dq`.
+template <class Traits, class Acc>
+__forceinline__ __device__ void store_dq_slots(const Acc& acc, float* dq, int ctid) {
+  using Slots = DqSlots<Traits>;
+  static_assert(decltype(size(acc))::value == Slots::kValues, "one dQ fragment per consumer thread");
+  CUTE_UNROLL
+  for (int j = 0; j < Slots::kVecs; ++j) {
+    *reinterpret_cast<float4*>(dq + Slots::slot(j, ctid)) =
+        make_float4(acc(4 * j), acc(4 * j + 1), acc(4 * j + 2), acc(4 * j + 3));
+  }
+}
+
+// grid (B * Hq, q_pad / kBlockM), kConsumerThreads threads: dq[b, h, i, :] = Element(scale * dQ) for i < q_len,
+// thread c converting the values consumer thread c held in the main kernel (their (row, col) from the same
+// partition of the same tiled MMA).
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kConsumerThreads) bwd_convert_dq_kernel(
+    const __grid_constant__ OmniBwdParams p, const bwd::Workspace ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  using Slots = DqSlots<Traits>;
+  constexpr int kBlockM = Traits::kBlockM;
+  const int ctid = threadIdx.x;
+  const int bh = blockIdx.x;
+  const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
+  const int m0 = blockIdx.y * kBlockM;
+  const float* tile = ws.dq_accum + (int64_t(bh) * ws.q_pad + m0) * Traits::kHeadDim;
+  const Tensor c = typename Traits::TiledMmaDQ{}.get_thread_slice(ctid).partition_C(
+      make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
+  Element* dq = static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;
+  CUTE_UNROLL
+  for (int j = 0; j < Slots::kVecs; ++j) {
+    const float4 v = *reinterpret_cast<const float4*>(tile + Slots::slot(j, ctid));
+    const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {  // values 4j + 2e, 4j + 2e + 1: neighbouring columns of one row
+      const int row = m0 + get<0>(c(4 * j + 2 * e));
+      const int col = get<1>(c(4 * j + 2 * e));
+      if (row < p.fwd.q_len) {
+        cutlass::Array<float, 2> scaled;
+        scaled[0] = pair[e][0] * p.fwd.scale;
+        scaled[1] = pair[e][1] * p.fwd.scale;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + row * p.dq.stride_s + col) =
+            cutlass::NumericArrayConverter<Element, float, 2>{}(scaled);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace omni::sm90

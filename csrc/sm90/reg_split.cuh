@@ -1,0 +1,15 @@
+// The register split of a warp-specialised kernel (one producer warpgroup, consumer warpgroups) under setmaxnreg.
+#pragma once
+
+namespace omni::sm90 {
+
+// A CTA of 128 * (1 + consumer_wgs) threads is launched with the registers of __launch_bounds__(threads, 1):
+// 64K / threads per thread, rounded down to 8. setmaxnreg.inc waits until the producer's setmaxnreg.dec has
+// returned enough of them, so a split asking for more than the launch granted never starts (the kernel hangs).
+constexpr bool reg_split_fits(int producer_regs, int consumer_regs, int consumer_wgs) {
+  const int threads = 128 * (1 + consumer_wgs);
+  const int launch_regs = 65536 / threads / 8 * 8;
+  return producer_regs * 128 + consumer_regs * 128 * consumer_wgs <= launch_regs * threads;
+}
+
+}  // namespace omni::sm90
