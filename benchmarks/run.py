@@ -222,13 +222,15 @@ def environment() -> dict:
     major, minor = torch.cuda.get_device_capability()
     disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
     has_sm90 = b"OMNI_HF_DISABLE_SM90" in data  # the Hopper forward's dispatch reads this variable per call
+    has_sm90_backward = b"sm90 bwd_kernel launch" in data  # an error message of the Hopper backward's launcher
+    hopper = ("sm90 (wgmma): forward with 128x128 blocks, backward with 128-key blocks; else sm80 (mma.sync)"
+              if has_sm90_backward else "forward sm90 (wgmma) with 128x128 blocks, else sm80 (mma.sync)")
     return {
         "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "torch": torch.__version__,
         "triton": triton.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(), "host": platform.node(),
         "omni_library": str(lib), "omni_library_sha256": hashlib.sha256(data).hexdigest()[:16],
-        "omni_path": ("forward sm90 (wgmma) with 128x128 blocks, else sm80 (mma.sync)"
-                      if (major, minor) == (9, 0) and has_sm90 and not disabled else "sm80 (mma.sync)"),
+        "omni_path": hopper if (major, minor) == (9, 0) and has_sm90 and not disabled else "sm80 (mma.sync)",
         "OMNI_HF_DISABLE_SM90": os.environ.get("OMNI_HF_DISABLE_SM90"),
         # from_token_ids runs as CUDA kernels with it, as ~80 PyTorch ops on the GPU without
         "omni_token_mask_kernel": hasattr(_cuda._library(), "omni_build_token_mask"),

@@ -66,9 +66,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   // cp.async of the token ids of kCount positions from pos0 (batch row b) into smem.
   auto stage_ids = [&](auto count, int* smem, int pos0) {
     const OmniMask& m = f.mask;
-    stage_token_ids<decltype(count)::value, kNThreads>(smem, m.doc_ids ? m.doc_ids + b * m.ids_stride_b : nullptr,
-                                                       m.group_ids ? m.group_ids + b * m.ids_stride_b : nullptr,
-                                                       pos0, f.kv_len, tid);
+    stage_token_ids<decltype(count)::value, kNThreads>(smem, batch_ids(m.doc_ids, m.ids_stride_b, b),
+                                                       batch_ids(m.group_ids, m.ids_stride_b, b), pos0, f.kv_len, tid);
   };
   // P = exp2(t * mul - lse2) with t = S, or t = tanh(scale * S / cap) under softcap.
   const float mul = kLog2e * (kSoftcap ? f.softcap : f.scale);

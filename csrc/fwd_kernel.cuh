@@ -35,19 +35,14 @@ __forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int
   return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(t.stride_s, _1{}));
 }
 
-// The token ids of batch b (NULL when absent).
-__forceinline__ __device__ const int* ids_row(const int32_t* ids, int64_t stride_b, int b) {
-  return ids != nullptr ? ids + b * stride_b : nullptr;
-}
-
 // Stages what the rule of a PARTIAL tile reads (its columns' token ids or its pool rows) into s_aux.
 template <class Traits>
 __forceinline__ __device__ void stage_tile_aux(int* s_aux, const KvTile& tile, const OmniFwdParams& p, int b,
                                                int tid) {
   const OmniMask& m = p.mask;
   if (tile.kind == kTileToken) {
-    stage_token_ids<Traits::kBlockN, Traits::kNThreads>(s_aux, ids_row(m.doc_ids, m.ids_stride_b, b),
-                                                        ids_row(m.group_ids, m.ids_stride_b, b), tile.col0,
+    stage_token_ids<Traits::kBlockN, Traits::kNThreads>(s_aux, batch_ids(m.doc_ids, m.ids_stride_b, b),
+                                                        batch_ids(m.group_ids, m.ids_stride_b, b), tile.col0,
                                                         p.kv_len, tid);
   } else if (tile.kind == kTilePool) {
     stage_pool_rows<Traits::kBlockM, Traits::kPoolWords, Traits::kNThreads>(s_aux, m, tile.pool,
@@ -142,8 +137,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   KvEntry next_entry{};
   if (n_tiles > 0) {
     load_tile(Int<kBlockM>{}, p.q, h, row0, p.q_len, sQ);
-    stage_token_ids<kBlockM, kNThreads>(s_q_ids, ids_row(p.mask.doc_ids, p.mask.ids_stride_b, b),
-                                        ids_row(p.mask.group_ids, p.mask.ids_stride_b, b), qpos0, p.kv_len, tid);
+    stage_token_ids<kBlockM, kNThreads>(s_q_ids, batch_ids(p.mask.doc_ids, p.mask.ids_stride_b, b),
+                                        batch_ids(p.mask.group_ids, p.mask.ids_stride_b, b), qpos0, p.kv_len, tid);
     tile = Walker::decode(walker.fetch(p.mask.kv, p.mask.block_kv, 0), 0, p.mask.block_kv, p.kv_len);
     load_kv(p.k, sK, tile.col0);
     stage_tile_aux<Traits>(s_aux, tile, p, b, tid);

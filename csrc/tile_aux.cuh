@@ -16,6 +16,11 @@ __forceinline__ __device__ void cp_async_4(int* smem_dst, const int* gmem_src) {
                                                    *reinterpret_cast<uint32_t*>(smem_dst));
 }
 
+// The token ids of batch b (NULL when absent).
+__forceinline__ __device__ const int* batch_ids(const int32_t* ids, int64_t stride_b, int b) {
+  return ids != nullptr ? ids + b * stride_b : nullptr;
+}
+
 // Stages the ids of positions pos0 .. pos0 + kCount - 1 (of one batch row) into smem[0 .. 2 * kCount).
 template <int kCount, int kNThreads>
 __forceinline__ __device__ void stage_token_ids(int* smem, const int* doc, const int* grp, int pos0, int kv_len,

@@ -280,8 +280,9 @@ def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(ker
     assert len(names) == 1 and "sm90::" not in names[0], names
 
 
-if __name__ == "__main__":  # small cases (every block type, both block sizes, the token rule) for compute-sanitizer
+if __name__ == "__main__":  # small cases (every block type, both block sizes, the token rule, a window) for compute-sanitizer
     for block in (64, 128):
         test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block)
     test_token_rule_ids_broadcast_over_the_batch()
+    test_gradients_match_reference_under_the_token_rule(torch.bfloat16, 128, 100)
     print("ok")

@@ -17,7 +17,6 @@
 // kernel's (TMA reads them as zeros, but P of a zero score can still overflow when lse is very negative).
 #pragma once
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "bwd_run.cuh"
@@ -27,6 +26,7 @@
 #include "omni_attention.h"
 #include "sm90/bwd_dq.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/sync.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/token_mask.cuh"
 #include "sm90/wgmma.cuh"
@@ -38,7 +38,6 @@
 namespace omni::sm90 {
 
 using namespace cute;
-using Barrier = cutlass::arch::ClusterTransactionBarrier;
 using bwd::QTile;
 
 // The kernel's parameters: the ABI's params, the workspace and the TMA descriptors of q, dout, k, v.
@@ -60,20 +59,6 @@ constexpr int kDsReadyBarrier = 1;   // both halves of dS^T are in smem; the pre
 constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem; both dQ GEMMs are done with dS
 constexpr int kEpilogueBarrier = 3;  // every GEMM is done with K and V, whose smem takes dK and dV
 
-__forceinline__ __device__ void consumer_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Each producer lane arrives twice on a "full" barrier after staging token ids: once when its cp.async copies
-// land, once (release) for the plain stores that filled positions outside the ids. With lane 0's arrive that
-// announces the TMA bytes, a full barrier expects 65 arrivals.
-constexpr int kFullArrivals = 1 + 2 * 32;
-
-__forceinline__ __device__ void arrive_after_staging(uint64_t* bar) {
-  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
-  Barrier::arrive(bar);
-}
-
 // 1-D bulk copy of `bytes` (a multiple of 16) from global to shared memory, completing on `bar`.
 __forceinline__ __device__ void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* bar) {
   SM90_BULK_COPY_G2S::copy(gmem, bar, smem, bytes);
@@ -84,11 +69,6 @@ __forceinline__ __device__ void bulk_reduce_add(float* gmem, const float* smem, 
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
                "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))), "r"(bytes)
                : "memory");
-}
-
-// The token ids of batch b (NULL when absent).
-__forceinline__ __device__ const int* batch_ids(const int32_t* ids, int64_t stride_b, int b) {
-  return ids != nullptr ? ids + b * stride_b : nullptr;
 }
 
 // The producer warp: K, V once, then every tile of the walk in order, a stage at a time as the consumers free
@@ -308,7 +288,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     copy(rdS, tSsdSt);
     cutlass::arch::fence_view_async_shared();
     if (reduces) tma_store_wait<0>();  // the previous tile's reductions have read sdQ
-    consumer_barrier(kDsReadyBarrier, kThreads);
+    named_barrier_sync(kDsReadyBarrier, kThreads);
 
     // dQ = dS K for this warpgroup's head-dim half, then into the workspace.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
@@ -319,7 +299,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     Barrier::arrive(&s.empty[stage]);
     store_dq_slots<Traits>(acc_dq, s.dq, ctid);
     tma_store_fence();
-    consumer_barrier(kDqReadyBarrier, kThreads);
+    named_barrier_sync(kDqReadyBarrier, kThreads);
     if (reduces) {
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
       bulk_reduce_add(dq_rows, s.dq, Traits::kDqFloats * sizeof(float));
@@ -330,14 +310,14 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
 
   // Epilogue: dK * scale and dV as Element through the smem of K and V (free once both warpgroups are past their
   // last GEMM), then 16-byte stores of this warpgroup's rows below kv_len.
-  consumer_barrier(kEpilogueBarrier, kThreads);
+  named_barrier_sync(kEpilogueBarrier, kThreads);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= f.scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
   copy(rdK, thr_dkv.partition_C(sK));
   copy(rdV, thr_dkv.partition_C(sV));
-  consumer_barrier(kEpilogueBarrier, kThreads);
+  named_barrier_sync(kEpilogueBarrier, kThreads);
 
   using StoreThreads = Layout<Shape<Int<kThreads / (kHeadDim / 8)>, Int<kHeadDim / 8>>, Stride<Int<kHeadDim / 8>, _1>>;
   auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},

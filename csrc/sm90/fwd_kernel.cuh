@@ -9,7 +9,6 @@
 // one tile overlaps the GEMMs of its neighbours; across the two, named barriers alternate the GEMM issue.
 #pragma once
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "fragment.cuh"
@@ -17,6 +16,7 @@
 #include "omni_attention.h"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/softmax_deferred.cuh"
+#include "sm90/sync.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/token_mask.cuh"
 #include "sm90/wgmma.cuh"
@@ -28,7 +28,6 @@
 namespace omni::sm90 {
 
 using namespace cute;
-using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
 // The kernel's parameters: the ABI's params and the TMA descriptors of q, k, v (built by fwd_launch.cuh).
 template <class Traits>
@@ -45,25 +44,6 @@ struct FwdParams {
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
 constexpr int kEpilogueBarrier = 1;
-
-__forceinline__ __device__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The token ids of batch b (NULL when absent).
-__forceinline__ __device__ const int* batch_ids(const int32_t* ids, int64_t stride_b, int b) {
-  return ids != nullptr ? ids + b * stride_b : nullptr;
-}
-
-// Each producer lane arrives twice on a "full" barrier after staging mask data: once when its cp.async
-// copies land, once (release) for the plain stores that filled positions outside the ids. With lane 0's
-// arrive that announces the TMA bytes, a full barrier expects 65 arrivals.
-constexpr int kFullArrivals = 1 + 2 * 32;
-
-__forceinline__ __device__ void arrive_after_staging(uint64_t* bar) {
-  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
-  Barrier::arrive(bar);
-}
 
 // Producer warp: issues every load of the CTA's tiles in order, a stage at a time as consumers free them.
 template <class Traits, class Params, class Storage>
@@ -147,10 +127,6 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
 // Warpgroup ping-pong: a consumer warpgroup issues its GEMMs only in its turn and then passes the turn, so
 // the tensor cores run one warpgroup's GEMMs while the other does its softmax.
 constexpr int kSchedulerBarrier = kEpilogueBarrier + 2;
-
-__forceinline__ __device__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Consumer warpgroups: the attention of their 64 query rows, then the epilogue. Per tile t (FlashAttention-3's
 // intra-warpgroup overlap): issue S(t) = Q K(t)^T, rescale O, issue O += P(t-1) V(t-1); wait for S(t), mask it

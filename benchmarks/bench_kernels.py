@@ -1,0 +1,57 @@
+"""omni alone on the realistic shape, for kernel work: forward, forward+backward and the backward by difference.
+
+    python benchmarks/bench_kernels.py [--masks vlm,causal] [--seqlens 8192,16384]
+
+B=1, Hq=32, Hkv=8, D=128, bf16; TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
+2.5 times that backward), do_bench medians. No peers and no reference check: `python -m benchmarks.run` does
+those. Run it with OMNI_HF_CUDA_LIB set to compare two builds of the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks import layouts, measure  # noqa: E402
+from omni_hf import omni_attention  # noqa: E402
+
+BATCH, HEADS_Q, HEADS_KV, DIM = 1, 32, 8, 128
+
+
+def time_case(name: str, seq_len: int) -> str:
+    """One line: forward, forward+backward and backward TFLOP/s and milliseconds of mask `name` at `seq_len`."""
+    layout = layouts.build(name, seq_len)
+    mask = layout.omni_mask(128, "cuda")
+    gen = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(BATCH, heads, seq_len, DIM, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for heads in (HEADS_Q, HEADS_KV, HEADS_KV))
+    dout = torch.randn_like(q)
+
+    def attention(q, k, v):
+        return omni_attention(q, k, v, mask, scale=DIM**-0.5)
+
+    fwd_ms = measure.median_ms(measure.forward_fn(attention, q, k, v))
+    both_ms = measure.median_ms(measure.forward_backward_fn(attention, q, k, v, dout))
+    flop = 4 * BATCH * HEADS_Q * DIM * layout.allowed_pairs()
+    return (f"{name:8s} S={seq_len:6d} TFLOP/s fwd {flop / fwd_ms / 1e9:4.0f}  fwd+bwd {3.5 * flop / both_ms / 1e9:4.0f}  "
+            f"bwd {2.5 * flop / (both_ms - fwd_ms) / 1e9:4.0f}  (fwd {fwd_ms:.3f} ms, fwd+bwd {both_ms:.3f} ms)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--masks", default="vlm,causal", help=f"comma-separated of {layouts.MASKS}")
+    parser.add_argument("--seqlens", default="8192,16384", help="comma-separated lengths")
+    args = parser.parse_args(argv)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    for name in args.masks.split(","):
+        for seq_len in map(int, args.seqlens.split(",")):
+            print(time_case(name, seq_len), flush=True)
+
+
+if __name__ == "__main__":
+    main()
