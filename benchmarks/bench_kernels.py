@@ -2,7 +2,7 @@
 
     python benchmarks/bench_kernels.py [--masks vlm,causal] [--seqlens 8192,16384]
 
-B=1, Hq=32, Hkv=8, D=128, bf16; TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
+The suite's realistic shape (B=1, Hq=32, Hkv=8, D=128, bf16, blocks of 128); TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
 2.5 times that backward), do_bench medians. No peers and no reference check: `python -m benchmarks.run` does
 those. Run it with OMNI_HF_CUDA_LIB set to compare two builds of the library.
 """
@@ -18,26 +18,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks import layouts, measure  # noqa: E402
+from benchmarks.run import SHAPES  # noqa: E402
 from omni_hf import omni_attention  # noqa: E402
 
-BATCH, HEADS_Q, HEADS_KV, DIM = 1, 32, 8, 128
+SHAPE = SHAPES["realistic"]
 
 
 def time_case(name: str, seq_len: int) -> str:
     """One line: forward, forward+backward and backward TFLOP/s and milliseconds of mask `name` at `seq_len`."""
     layout = layouts.build(name, seq_len)
-    mask = layout.omni_mask(128, "cuda")
+    mask = layout.omni_mask(SHAPE.blocks[0], "cuda")
     gen = torch.Generator("cuda").manual_seed(0)
-    q, k, v = (torch.randn(BATCH, heads, seq_len, DIM, device="cuda", generator=gen, dtype=torch.bfloat16)
-               for heads in (HEADS_Q, HEADS_KV, HEADS_KV))
+    q, k, v = (torch.randn(SHAPE.batch, heads, seq_len, SHAPE.dim, device="cuda", generator=gen, dtype=SHAPE.dtype)
+               for heads in (SHAPE.heads_q, SHAPE.heads_kv, SHAPE.heads_kv))
     dout = torch.randn_like(q)
 
     def attention(q, k, v):
-        return omni_attention(q, k, v, mask, scale=DIM**-0.5)
+        return omni_attention(q, k, v, mask, scale=SHAPE.dim**-0.5)
 
     fwd_ms = measure.median_ms(measure.forward_fn(attention, q, k, v))
     both_ms = measure.median_ms(measure.forward_backward_fn(attention, q, k, v, dout))
-    flop = 4 * BATCH * HEADS_Q * DIM * layout.allowed_pairs()
+    flop = 4 * SHAPE.batch * SHAPE.heads_q * SHAPE.dim * layout.allowed_pairs()
     return (f"{name:8s} S={seq_len:6d} TFLOP/s fwd {flop / fwd_ms / 1e9:4.0f}  fwd+bwd {3.5 * flop / both_ms / 1e9:4.0f}  "
             f"bwd {2.5 * flop / (both_ms - fwd_ms) / 1e9:4.0f}  (fwd {fwd_ms:.3f} ms, fwd+bwd {both_ms:.3f} ms)")
 

@@ -43,10 +43,8 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
     bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, kRowThreads, 0, stream>>>(p, ws);
     if (int s = check_cuda(cudaGetLastError(), "backward preprocess launch")) return s;
   }
-  if (main_grid.x > 0 && main_grid.y > 0 && kBlockN == 128 && sm90::bwd_supported(p)) {
-    return sm90::run_bwd_main<Element, kHeadDim>(p, ws);
-  }
   if (main_grid.x > 0 && main_grid.y > 0) {
+    if (kBlockN == 128 && sm90::bwd_supported(p)) return sm90::run_bwd_main<Element, kHeadDim>(p, ws);
     const int s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
       return launch_main<Kt, softcap()>(p, ws, main_grid, stream);
     });

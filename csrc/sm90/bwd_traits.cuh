@@ -4,6 +4,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "bwd_run.cuh"
 #include "bwd_walk.cuh"
 #include "sm90/reg_split.cuh"
 
@@ -20,6 +21,7 @@ struct BwdTraits {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
+  static_assert(kBlockM == bwd::kRowTile, "the workspace pads rows to the backward's tile");
   // Warpgroup 0 produces (TMA and the walk, one warp busy); warpgroups 1 and 2 consume 64 keys each.
   static constexpr int kConsumerWGs = kBlockN / 64;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
@@ -63,7 +65,7 @@ struct BwdTraits {
                                               Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
-  // The tile's dQ in fp32 as the consumer threads hold it (dq_layout.cuh): one contiguous block of
+  // The tile's dQ in fp32 as the consumer threads hold it (bwd_dq.cuh): one contiguous block of
   // kBlockM * kHeadDim floats, added to the workspace by a single bulk reduction.
   static constexpr int kDqFloats = kBlockM * kHeadDim;
 

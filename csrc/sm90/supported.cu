@@ -31,9 +31,9 @@ bool disabled_by_env() {
   return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
 }
 
-// Hopper, not switched off, and q, k, v readable by TMA.
+// Hopper, not switched off, and q, k, v readable by TMA (which needs q_len and kv_len > 0).
 bool hopper_can_read(const OmniFwdParams& p) {
-  return p.kv_len > 0 && !disabled_by_env() && device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
+  return !disabled_by_env() && device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
          tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
 }
 
@@ -44,7 +44,7 @@ bool fwd_supported(const OmniFwdParams& p) {
 }
 
 bool bwd_supported(const OmniBwdParams& p) {
-  return p.fwd.mask.block_kv == 128 && p.fwd.q_len > 0 && hopper_can_read(p.fwd) &&
+  return p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
          tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
 }
 
