@@ -1,7 +1,8 @@
 """The implementations compared, each as ``fn(q, k, v) -> out`` over ``[B, H, S, D]`` tensors.
 
 - ``omni``: `omni_hf.omni_attention` with omni's own mask (one entry per omni block size; with
-  ``--omni-sm80`` also ``omni b128 sm80``, its sm_80 kernels forced where the Hopper forward would run);
+  ``--omni-sm80`` also ``omni b128 sm80``, its sm_80 kernels forced, forward and backward, where the Hopper
+  kernels would run);
 - ``flex``: ``torch.compile(flex_attention)`` with a ``create_block_mask`` of the layout's ``mask_mod``
   (GQA through ``enable_gqa``);
 - ``sdpa-fa2`` / ``sdpa-cudnn`` / ``sdpa-eff``: SDPA forced onto one backend with ``is_causal=True`` where
@@ -37,6 +38,12 @@ class Peer:
     fn: Fn | None = None
     skipped: str | None = None
     mask_mib: float = 0.0  # memory held by this peer's mask structures
+    environ: dict[str, str] = dataclasses.field(default_factory=dict)  # set while it runs, backward included
+
+    def running(self) -> contextlib.AbstractContextManager:
+        """The context to check and time this peer in: its `environ` set, then restored. Wrap the backward
+        too: autograd runs it after ``fn`` has returned."""
+        return environ(self.environ)
 
 
 def tensor_mib(*tensors: torch.Tensor | None) -> float:
@@ -44,31 +51,27 @@ def tensor_mib(*tensors: torch.Tensor | None) -> float:
 
 
 @contextlib.contextmanager
-def env(name: str, value: str):
-    """Set an environment variable for the duration of a block, then restore it."""
-    before = os.environ.get(name)
-    os.environ[name] = value
+def environ(variables: dict[str, str]):
+    """Set environment variables for the duration of a block, then restore them."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def omni(mask: OmniBlockMask, scale: float, sm80: bool = False) -> Peer:
-    """omni's op; with ``sm80``, under ``OMNI_HF_DISABLE_SM90=1`` (the library reads it at every call), so
-    the sm_80 kernels run where its Hopper path would."""
+    """omni's op; with ``sm80``, run under ``OMNI_HF_DISABLE_SM90=1`` (the library reads it at every launch),
+    so the sm_80 forward and backward run where its Hopper kernels would."""
     fields = [getattr(mask, f.name) for f in dataclasses.fields(mask)]
-
-    def fn(q, k, v):
-        if not sm80:
-            return omni_attention(q, k, v, mask, scale=scale)
-        with env("OMNI_HF_DISABLE_SM90", "1"):
-            return omni_attention(q, k, v, mask, scale=scale)
-
-    return Peer(f"omni b{mask.block_q}" + (" sm80" if sm80 else ""), fn, mask_mib=tensor_mib(*fields))
+    return Peer(f"omni b{mask.block_q}" + (" sm80" if sm80 else ""),
+                lambda q, k, v: omni_attention(q, k, v, mask, scale=scale), mask_mib=tensor_mib(*fields),
+                environ={"OMNI_HF_DISABLE_SM90": "1"} if sm80 else {})
 
 
 def flex(block_mask, scale: float, gqa: bool) -> Peer:

@@ -145,7 +145,8 @@ class Case:
             modes["fwd_bwd"] = (lambda: measure.forward_backward_fn(peer.fn, self.q, self.k, self.v, self.dout),
                                 self.want_fwd_bwd, ("out", "dq", "dk", "dv"))
         for mode, (make_run, want, names) in modes.items():
-            row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(make_run(), mode, want, names)
+            with peer.running():
+                row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(make_run(), mode, want, names)
             torch.cuda.empty_cache()
         return row
 

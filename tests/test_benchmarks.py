@@ -166,7 +166,8 @@ def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_
         assert [p.name for p in listed] == ["omni b64", "omni b128", "omni b128 sm80", "flex", *sdpa_names, "eager"]
     q = torch.randn(1, 4, 256, 16)
     for peer in listed[:3]:
-        peer.fn(q, q, q)
+        with peer.running():
+            peer.fn(q, q, q)
     assert seen == [(64, None), (128, None), (128, "1")]
     assert "OMNI_HF_DISABLE_SM90" not in peers.os.environ
     missing = {"dense": "dense not built: OutOfMemoryError", "flex": "flex not built: RuntimeError"}
@@ -174,6 +175,38 @@ def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_
                           why_missing=missing)
     assert {p.name: p.skipped for p in huge if p.skipped} == {
         "flex": missing["flex"], **{name: missing["dense"] for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}}
+
+
+class _RecordsEnviron(torch.autograd.Function):
+    """Identity whose forward and backward note OMNI_HF_DISABLE_SM90 as they run."""
+
+    seen: list[tuple[str, str | None]] = []
+
+    @staticmethod
+    def forward(ctx, q):
+        _RecordsEnviron.seen.append(("forward", peers.os.environ.get("OMNI_HF_DISABLE_SM90")))
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _RecordsEnviron.seen.append(("backward", peers.os.environ.get("OMNI_HF_DISABLE_SM90")))
+        return grad
+
+
+def test_a_peer_environment_covers_its_backward_as_well_as_its_forward(monkeypatch):
+    # The sm80 peer once set its variable inside fn only, so autograd's later backward ran the Hopper kernel.
+    monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
+    monkeypatch.setattr(run.Case, "_measure", lambda self, run_fn, mode, want, names: run_fn())
+    case = run.Case.__new__(run.Case)
+    case.backward, case.want_fwd, case.want_fwd_bwd = True, None, None
+    case.q = torch.randn(1, 2, 8, 4)
+    case.k = case.v = torch.randn(1, 2, 8, 4)
+    case.dout = torch.randn(1, 2, 8, 4)
+    _RecordsEnviron.seen = []
+    peer = peers.Peer("probe", lambda q, k, v: _RecordsEnviron.apply(q), environ={"OMNI_HF_DISABLE_SM90": "1"})
+    case.measure_peer(peer)
+    assert _RecordsEnviron.seen == [("forward", "1"), ("forward", "1"), ("backward", "1")]
+    assert "OMNI_HF_DISABLE_SM90" not in peers.os.environ
 
 
 def test_check_reports_each_tensor_and_fails_past_the_tolerance_or_on_nan():
