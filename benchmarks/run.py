@@ -247,7 +247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "each shape's own)")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
     parser.add_argument("--omni-sm80", action="store_true", help="also time omni with OMNI_HF_DISABLE_SM90=1 "
-                        "('omni b128 sm80'), to compare the Hopper forward with the sm_80 kernels in one run")
+                        "('omni b128 sm80', forward and backward), to compare the Hopper kernels with the sm_80 ones "
+                        "in one run")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
     for name, allowed in (("shapes", SHAPES), ("masks", layouts.MASKS)):
