@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
                                                        batch_ids(m.group_ids, m.ids_stride_b, b), pos0, f.kv_len, tid);
   };
   // P = exp2(t * mul - lse2) with t = S, or t = tanh(scale * S / cap) under softcap.
-  const float mul = kLog2e * (kSoftcap ? f.softcap : f.scale);
+  const float mul = softmax_scale_log2(f, kSoftcap);
   auto qpos0_of = [&](const QTile& t) { return t.m_block * kBlockM + f.kv_len - f.q_len; };
 
   // Shared-memory tensors; Q and dO (and their transposed views) per buffer.

@@ -23,11 +23,6 @@ namespace omni {
 
 using namespace cute;
 
-// log2(e) times the factor that multiplies the (capped) score inside the exponent.
-__forceinline__ __device__ float softmax_scale_log2(const OmniFwdParams& p, bool softcap) {
-  return (softcap ? p.softcap : p.scale) * float(M_LOG2E);
-}
-
 // A [kRows, kHeadDim] view of tensor t at (b, h), starting at row `row0`.
 template <typename Element, int kRows, int kHeadDim>
 __forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int row0) {

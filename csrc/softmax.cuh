@@ -6,10 +6,17 @@
 #include <cmath>
 
 #include "fragment.cuh"
+#include "omni_attention.h"
 
 namespace omni {
 
 using namespace cute;
+
+// log2(e) times the factor that multiplies the (capped) score inside the exponent: softcap with a cap, else
+// scale. Every forward and backward kernel takes it from here, so the backward's P matches the forward's LSE.
+__forceinline__ __device__ float softmax_scale_log2(const OmniFwdParams& p, bool softcap) {
+  return (softcap ? p.softcap : p.scale) * float(M_LOG2E);
+}
 
 __forceinline__ __device__ float fast_exp2(float x) {
   float y;

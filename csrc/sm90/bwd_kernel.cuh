@@ -238,7 +238,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   auto dp_rc = rowcol(acc_dp);
   auto cS_rc = rowcol(cS);
 
-  const float mul = float(M_LOG2E) * (kSoftcap ? f.softcap : f.scale);
+  const float mul = softmax_scale_log2(f, kSoftcap);
   const bool reduces = ctid == 0;  // the thread that issues the dQ reductions
 
   Barrier::wait(&s.kv_full, 0);

@@ -162,7 +162,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   auto s_rc = rowcol(acc_s);
   auto o_rc = rowcol(acc_o);
 
-  const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * float(M_LOG2E);
+  const float scale_log2 = softmax_scale_log2(p, kSoftcap);
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   DeferredSoftmax<kRows> softmax;
   float rescale[kRows];
