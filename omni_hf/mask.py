@@ -153,7 +153,7 @@ class OmniBlockMask:
         Args:
             doc_ids: int ``[B, kv_len]`` (or ``[kv_len]``): the packed sample of each token, -1 = padding.
             group_ids: int, same shape: the bidirectional group (image) of each token, -1 = causal text.
-                None means all text.
+                None means all text. A batch of 1 in either broadcasts over the other's batch.
             q_len: number of query rows, the last ``q_len`` positions (default ``kv_len``).
             window: optional sliding window for the causal part (``qpos - j < window``).
 
@@ -395,20 +395,30 @@ class OmniBlockMask:
     @classmethod
     def _from_row_function(cls, rows, batch, heads, q_len, kv_len, block_q, block_kv, device) -> OmniBlockMask:
         """Classify a dense mask given as ``rows(start, stop) -> bool [B, H, stop - start, kv_len]``,
-        a few block rows at a time."""
+        a few block rows at a time (about `_DENSE_CHUNK_ELEMENTS` mask elements per call, read at each call
+        so that tests can shrink it).
+
+        Each chunk's PARTIAL patterns are bit-packed and numbered where they lie in the chunk's own block
+        table, so the pool ids land on the right blocks whatever the batch, heads and chunking.
+        """
         _check_sizes(q_len, kv_len, block_q, block_kv)
         nq = -(-q_len // block_q)
         chunk = max(1, _DENSE_CHUNK_ELEMENTS // max(1, batch * heads * block_q * kv_len))
-        types, patterns = [], []
+        types, pattern_ids, words, count = [], [], [], 0
         for first in range(0, nq, chunk):
             start, stop = first * block_q, min((first + chunk) * block_q, q_len)
             t, p = _classify_dense_rows(rows(start, stop), start, q_len, kv_len, block_q, block_kv)
+            ids = torch.full(t.shape, -1, dtype=torch.int64, device=device)
+            ids[t == _PARTIAL] = torch.arange(count, count + p.shape[0], device=device)
             types.append(t)
-            patterns.append(p)
-        types = torch.cat(types, dim=2)
-        pool, pool_ids = _dedupe_patterns(torch.cat(patterns), block_q, block_kv, device)
+            pattern_ids.append(ids)
+            words.append(_pack_patterns(p, block_q, block_kv))
+            count += p.shape[0]
+        types, pattern_ids = torch.cat(types, dim=2), torch.cat(pattern_ids, dim=2)
+        pool, pool_ids = _dedupe_words(torch.cat(words), block_q, block_kv, device)
         partial = torch.full(types.shape, -1, dtype=torch.int32, device=device)
-        partial[types == _PARTIAL] = pool_ids
+        pooled = pattern_ids >= 0
+        partial[pooled] = pool_ids[pattern_ids[pooled]].to(torch.int32)
         return cls._from_block_table(types, partial, pool, q_len, kv_len, block_q, block_kv)
 
     def _op_args(self) -> tuple[list[torch.Tensor | None], list[int]]:
@@ -515,19 +525,24 @@ def _empty_pool(block_q: int, block_kv: int, device) -> torch.Tensor:
     return torch.zeros(0, block_q, block_kv // 32, dtype=torch.int32, device=device)
 
 
-def _dedupe_patterns(patterns: torch.Tensor, block_q, block_kv, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bit-pack bool patterns ``[n, block_q, block_kv]`` and deduplicate them.
-
-    Returns the pool int32 ``[P, block_q, block_kv // 32]`` and each pattern's pool id int32 ``[n]``.
-    """
-    if patterns.shape[0] == 0:
-        return _empty_pool(block_q, block_kv, device), torch.zeros(0, dtype=torch.int32, device=device)
-    bits = patterns.view(-1, block_q, block_kv // 32, 32).to(torch.int64)
+def _pack_patterns(patterns: torch.Tensor, block_q: int, block_kv: int) -> torch.Tensor:
+    """Bit-pack bool patterns ``[n, block_q, block_kv]`` into int32 words ``[n, block_q * block_kv // 32]``
+    (bit ``j`` of word ``w`` of a row is key ``w * 32 + j``)."""
+    bits = patterns.reshape(-1, block_q, block_kv // 32, 32).to(torch.int64)
     weights = torch.ones(32, dtype=torch.int64, device=patterns.device) << torch.arange(32, device=patterns.device)
     weights[31] = -(1 << 31)  # two's complement: bit 31 is the sign bit of an int32 word
-    words = (bits * weights).sum(-1).to(torch.int32)
-    pool, inverse = torch.unique(words.view(words.shape[0], -1), dim=0, return_inverse=True)
-    return pool.view(-1, block_q, block_kv // 32).contiguous(), inverse.to(torch.int32)
+    return (bits * weights).sum(-1).to(torch.int32).view(patterns.shape[0], block_q * block_kv // 32)
+
+
+def _dedupe_words(words: torch.Tensor, block_q, block_kv, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deduplicate packed patterns ``[n, block_q * block_kv // 32]``.
+
+    Returns the pool int32 ``[P, block_q, block_kv // 32]`` and each pattern's pool id int64 ``[n]``.
+    """
+    if words.shape[0] == 0:
+        return _empty_pool(block_q, block_kv, device), torch.zeros(0, dtype=torch.int64, device=device)
+    pool, inverse = torch.unique(words, dim=0, return_inverse=True)
+    return pool.view(-1, block_q, block_kv // 32).contiguous(), inverse
 
 
 # ---------------------------------------------------------------------- token rule classification
@@ -710,11 +725,14 @@ def _check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"group_ids: expected an integer tensor or None, got {_describe_value(group_ids)}")
     if group_ids.dim() == 1:
         group_ids = group_ids[None]
-    if group_ids.shape != doc_ids.shape:
-        raise ValueError(f"group_ids: expected the shape of doc_ids {tuple(doc_ids.shape)}, got {tuple(group_ids.shape)}")
+    batches = doc_ids.shape[0], group_ids.shape[0]
+    if group_ids.dim() != 2 or group_ids.shape[1] != doc_ids.shape[1] or (batches[0] != batches[1] and 1 not in batches):
+        raise ValueError(f"group_ids: expected the shape of doc_ids {tuple(doc_ids.shape)} (a batch of 1 on either "
+                         f"side broadcasts), got {tuple(group_ids.shape)}")
     if group_ids.device != doc_ids.device:
         raise ValueError(f"group_ids: expected device {doc_ids.device} (that of doc_ids), got {group_ids.device}")
-    return doc_ids.to(torch.int32).contiguous(), group_ids.to(torch.int32).contiguous()
+    batch = max(doc_ids.shape[0], group_ids.shape[0])
+    return tuple(ids.to(torch.int32).expand(batch, -1).contiguous() for ids in (doc_ids, group_ids))
 
 
 def _describe_value(value) -> str:

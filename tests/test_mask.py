@@ -140,6 +140,37 @@ def test_from_dense_classifies_tightest_and_round_trips(sizes, block_q, block_kv
     assert torch.equal(again.to_dense(), dense)
 
 
+def test_from_dense_keeps_pool_ids_on_their_blocks_across_row_chunks_with_batch_and_heads(monkeypatch):
+    """Regression: pool patterns were concatenated chunk by chunk but assigned in batch-major order, so a mask
+    of batch x heads > 1 classified in several row chunks came back wrong (issue 14)."""
+    import omni_hf.mask as mask_module
+
+    monkeypatch.setattr(mask_module, "_DENSE_CHUNK_ELEMENTS", 2 * 3 * 64 * 300)  # one block row per chunk
+    dense = torch.rand(2, 3, 300, 300, generator=torch.Generator().manual_seed(3)) < 0.9
+    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask.validate()
+    assert torch.equal(mask.to_dense(), dense)
+
+
+@pytest.mark.slow
+def test_from_dense_is_exact_at_real_size_with_batch_two():
+    """The issue's repro at its own size: 2 x 3000 x 3000 spans several default row chunks."""
+    dense = torch.rand(2, 1, 3000, 3000, generator=torch.Generator().manual_seed(0)) < 0.9
+    assert torch.equal(OmniBlockMask.from_dense(dense).to_dense(), dense)
+
+
+def test_token_ids_with_a_batch_of_one_broadcast_against_the_other():
+    """Regression: Transformers hands per-row image ids [B, S] beside document ids of one row [1, S] (issue 14)."""
+    doc = torch.zeros(1, 200, dtype=torch.int32)
+    grp = torch.full((3, 200), -1, dtype=torch.int32)
+    grp[0, 10:50], grp[2, 100:180] = 0, 1
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=64)
+    assert mask.batch == 3
+    assert torch.equal(mask.to_dense(), token_rule_dense(doc.expand(3, -1), grp, 200))
+    with pytest.raises(ValueError, match="group_ids: expected the shape of doc_ids"):
+        OmniBlockMask.from_token_ids(torch.zeros(3, 200, dtype=torch.int32), grp[:2])
+
+
 def test_from_dense_deduplicates_identical_partial_blocks():
     pattern = torch.rand(64, 64, generator=torch.Generator().manual_seed(0)) < 0.5
     dense = pattern.repeat(3, 3)  # nine identical partial blocks

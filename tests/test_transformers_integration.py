@@ -188,15 +188,17 @@ def test_gemma3_text_sliding_window_and_softcap_match_eager(device):
         input_ids=input_ids, attention_mask=attention_mask, labels=labels_of(input_ids, attention_mask)))
 
 
-def test_gemma3_image_blocks_from_token_type_ids_match_eager(device):
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_gemma3_image_blocks_from_token_type_ids_match_eager(padded, device):
+    """Unpadded rows hand per-row image ids beside one row of document ids (a batch-2 crash, issue 14)."""
     omni, ref, lowp = models(lambda attn: AutoModelForImageTextToText.from_config(
         gemma3_vlm_config(), attn_implementation=attn), device)
     input_ids = tokens(2, 20, device=device)
     input_ids[:, 3], input_ids[:, 4:8], input_ids[:, 8] = BOI, IMAGE, EOI  # an image in each row
     input_ids[1, 11], input_ids[1, 12:16], input_ids[1, 16] = BOI, IMAGE, EOI  # and a second one in row 1
-    attention_mask = padding([18, 20], 20, left=True, device=device)
+    attention_mask = padding([18, 20] if padded else [20, 20], 20, left=True, device=device)
     pixel_values = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(2)).to(device)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask if padded else None, pixel_values=pixel_values,
                   token_type_ids=(input_ids == IMAGE).long(), labels=labels_of(input_ids, attention_mask))
     assert_same_logits_and_grads(omni, ref, lowp, attention_mask.bool(), inputs)
     without_blocks = omni(**{**inputs, "token_type_ids": None}).logits.float()
