@@ -1,8 +1,13 @@
-"""setuptools hook: `pip install .` also builds the CUDA library into omni_hf/lib/ when it can.
+"""setuptools hook: `pip install .` (regular or editable) also builds the CUDA library when it can.
 
-Metadata lives in pyproject.toml. The build runs when nvcc and the CUTLASS headers are found and a GPU driver
-is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. building wheels on a machine without a GPU) and =0 skips it.
-Without it the package installs as pure Python and the first use builds the library into a cache directory.
+Metadata lives in pyproject.toml. The build runs when nvcc, the CUTLASS headers and torch's headers are found and a
+GPU driver is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. a wheel built on a machine without a GPU) and =0 skips
+it. The library goes where `omni_hf._cuda` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
+``py3-none-<platform>``: the library uses no Python C API) or, for an editable install, into the source tree. So
+an install builds once and the first call loads it. Without it the package installs as pure Python and the first
+use on a GPU builds the library into a cache directory.
+
+Knobs: OMNI_HF_BUILD_ARCHS (default "80,90a"), OMNI_HF_BUILD_SOURCES (a glob of csrc/ sources to build, for tests).
 """
 
 import ctypes
@@ -10,7 +15,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -40,6 +46,7 @@ def _should_build(build) -> tuple[bool, str]:
         return False, "nvcc not found"
     try:
         build.find_cutlass_include()
+        build.find_torch_include()
     except build.BuildError as err:
         return False, str(err)
     if choice == "1":
@@ -49,18 +56,39 @@ def _should_build(build) -> tuple[bool, str]:
     return True, "nvcc and a GPU driver found"
 
 
+BUILD = _load_build_module()
+WANTED, WHY = _should_build(BUILD)
+
+
 class BuildPyWithCuda(build_py):
-    """build_py that also compiles csrc/ into <build_lib>/omni_hf/lib/libomni_hf_cuda.so."""
+    """build_py that also compiles csrc/ into omni_hf/lib/libomni_hf_cuda.so of the build (or, editable, of the
+    source tree)."""
 
     def run(self):
         super().run()
-        build = _load_build_module()
-        wanted, why = _should_build(build)
-        if not wanted:
-            print(f"omni_hf: not building the CUDA library ({why}); it will be built on first use")
+        if not WANTED:
+            print(f"omni_hf: not building the CUDA library ({WHY}); it will be built on first use")
             return
-        print(f"omni_hf: building the CUDA library ({why})")
-        build.build(Path(self.build_lib) / "omni_hf" / "lib")
+        root = ROOT if self.editable_mode else Path(self.build_lib)
+        archs = tuple(a for a in os.environ.get("OMNI_HF_BUILD_ARCHS", "80,90a").split(",") if a)
+        print(f"omni_hf: building the CUDA library ({WHY}) into {root / 'omni_hf' / 'lib'}")
+        BUILD.build(root / "omni_hf" / "lib", archs, only=os.environ.get("OMNI_HF_BUILD_SOURCES"))
 
 
-setup(cmdclass={"build_py": BuildPyWithCuda})
+class PlatformWheel(bdist_wheel):
+    """Tags a wheel holding the library ``py3-none-<platform>``: any Python 3, this OS and CPU."""
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+class BinaryDistribution(Distribution):
+    """A distribution with a compiled library (so the wheel is a platform wheel)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithCuda, "bdist_wheel": PlatformWheel},
+      distclass=BinaryDistribution if WANTED else Distribution)

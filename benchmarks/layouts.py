@@ -117,7 +117,7 @@ class Layout:
                   ids: tuple[torch.Tensor, torch.Tensor] | None = None) -> OmniBlockMask:
         """omni's mask with blocks of ``block``; ``ids``: the doc / grp ids already on ``device``."""
         if self.is_causal:
-            return OmniBlockMask.causal(self.seq_len, block_q=block, block_kv=block, device=device)
+            return OmniBlockMask.causal(self.seq_len, block_q=block, block_kv=block)  # implicit: nothing to build
         if self.blocks is not None:
             return OmniBlockMask.from_mask_fn(self.mask_mod(device), self.seq_len, block_q=block, block_kv=block,
                                               device=device)

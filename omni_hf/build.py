@@ -2,10 +2,14 @@
 
     python -m omni_hf.build [--arch 80,90a] [--jobs N] [--only PATTERN] [--out DIR]
 
-Every ``csrc/**/*.cu`` is compiled in its own nvcc process (in parallel, one line of progress per file),
-then linked into one shared library with the CUDA runtime linked statically, so the library depends on
-nothing but the driver. CuTe/CUTLASS headers come from ``$CUTLASS_PATH/include`` or the ``nvidia-cutlass``
-wheel (``cutlass_library/source/include``).
+Every ``csrc/**/*.cu`` (kernels, C entry points) and ``csrc/host/*.cpp`` (the torch ops) is compiled in its own
+nvcc process, in parallel, with one line of progress per file, then linked into one shared library with the CUDA
+runtime linked statically. The ops use torch's stable C ABI only (``-DTORCH_TARGET_VERSION``), so the library
+runs with every torch from `TORCH_TARGET` onward, whichever torch's headers built it.
+
+Needs: nvcc; CuTe/CUTLASS headers from ``$CUTLASS_PATH/include`` or the ``nvidia-cutlass`` wheel
+(``cutlass_library/source/include``); torch's headers from the installed torch, or from the torch package folder
+``$OMNI_HF_TORCH_DIR`` (e.g. an older torch unpacked from its wheel). No GPU and no torch import are needed.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +30,11 @@ from pathlib import Path
 LIB_NAME = "libomni_hf_cuda.so"
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 DEFAULT_ARCHS = ("80", "90a")
+TORCH_TARGET = (2, 10)  # oldest torch whose stable ABI the ops use
 NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC")
+# The torch libraries whose stable-ABI symbols the ops call: recorded as needed (resolved at load time against the
+# torch already imported), linked against empty stand-ins so that building needs no torch binaries.
+TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")
 
 
 class BuildError(RuntimeError):
@@ -45,12 +55,9 @@ def find_cutlass_include() -> Path:
     candidates = []
     if os.environ.get("CUTLASS_PATH"):
         candidates.append(Path(os.environ["CUTLASS_PATH"]) / "include")
-    try:
-        import cutlass_library  # the nvidia-cutlass wheel
-
-        candidates.append(Path(cutlass_library.__file__).resolve().parent / "source" / "include")
-    except ImportError:
-        pass
+    spec = importlib.util.find_spec("cutlass_library")  # the nvidia-cutlass wheel
+    if spec is not None and spec.origin:
+        candidates.append(Path(spec.origin).parent / "source" / "include")
     for path in candidates:
         if (path / "cute" / "tensor.hpp").is_file():
             return path
@@ -60,9 +67,23 @@ def find_cutlass_include() -> Path:
     )
 
 
+def find_torch_include() -> Path:
+    """torch's C++ include directory (holds ``torch/csrc/stable/library.h``); raises BuildError when not found."""
+    if os.environ.get("OMNI_HF_TORCH_DIR"):
+        root = Path(os.environ["OMNI_HF_TORCH_DIR"])
+    else:
+        spec = importlib.util.find_spec("torch")
+        root = Path(spec.origin).parent if spec is not None and spec.origin else None
+    include = None if root is None else root / "include"
+    if include is None or not (include / "torch" / "csrc" / "stable" / "library.h").is_file():
+        raise BuildError(f"torch's stable-ABI headers not found (looked in {include}); install torch >= "
+                         f"{TORCH_TARGET[0]}.{TORCH_TARGET[1]} or set OMNI_HF_TORCH_DIR to a torch package folder")
+    return include
+
+
 def sources(only: str | None = None) -> list[Path]:
-    """The .cu files under csrc/ (all of them, or those whose relative path matches the glob `only`)."""
-    files = sorted(CSRC.rglob("*.cu"))
+    """The .cu and host .cpp files under csrc/ (all, or those whose relative path matches the glob `only`)."""
+    files = sorted([*CSRC.rglob("*.cu"), *(CSRC / "host").glob("*.cpp")])
     if only:
         files = [f for f in files if fnmatch.fnmatch(str(f.relative_to(CSRC)), only)]
     return files
@@ -73,13 +94,20 @@ def gencode_flags(archs: tuple[str, ...]) -> list[str]:
     return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
 
 
+def torch_flags() -> list[str]:
+    """Flags of the host sources: torch's headers, its stable ABI pinned to `TORCH_TARGET`, its CUDA shim."""
+    major, minor = TORCH_TARGET
+    return [f"-I{find_torch_include()}", f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000", "-DUSE_CUDA"]
+
+
 def source_hash(archs: tuple[str, ...]) -> str:
     """A digest of every csrc file and the flags: names the cache directory of a build."""
     digest = hashlib.sha256()
     for path in sorted(p for p in CSRC.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(CSRC)).encode())
         digest.update(path.read_bytes())
-    digest.update(" ".join(NVCC_FLAGS + tuple(archs)).encode())
+    digest.update(" ".join(NVCC_FLAGS + tuple(archs) + TORCH_LIBRARIES).encode())
+    digest.update(repr(TORCH_TARGET).encode())
     return digest.hexdigest()[:16]
 
 
@@ -93,51 +121,77 @@ def _compile(nvcc: str, src: Path, obj: Path, flags: list[str]) -> tuple[Path, f
 
 
 def compile_objects(
-    out_dir: Path, archs: tuple[str, ...] = DEFAULT_ARCHS, jobs: int | None = None, only: str | None = None,
+    obj_dir: Path, archs: tuple[str, ...] = DEFAULT_ARCHS, jobs: int | None = None, only: str | None = None,
     extra_flags: tuple[str, ...] = (), log=sys.stderr,
 ) -> list[Path]:
-    """Compiles the selected sources into out_dir/obj/, one nvcc process each, `jobs` at a time."""
+    """Compiles the selected sources into obj_dir, one nvcc process each, `jobs` at a time."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     srcs = sources(only)
     if not srcs:
-        raise BuildError(f"no .cu sources under {CSRC} match {only!r}")
+        raise BuildError(f"no sources under {CSRC} match {only!r}")
     flags = [*NVCC_FLAGS, *gencode_flags(archs), f"-I{CSRC}", f"-I{find_cutlass_include()}", *extra_flags]
-    obj_dir = out_dir / "obj"
+    host_flags = torch_flags() if any(s.suffix == ".cpp" for s in srcs) else []
+    obj_dir = Path(obj_dir)
     obj_dir.mkdir(parents=True, exist_ok=True)
     objs = [obj_dir / (str(s.relative_to(CSRC)).replace(os.sep, "__") + ".o") for s in srcs]
     jobs = jobs or os.cpu_count() or 1
-    print(f"omni_hf: compiling {len(srcs)} CUDA sources for sm_{', sm_'.join(archs)} with {jobs} jobs", file=log)
+    print(f"omni_hf: compiling {len(srcs)} CUDA sources for sm_{', sm_'.join(archs)} with {jobs} jobs "
+          f"(about {_estimate_minutes(len(srcs), jobs)} min)", file=log)
+    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_compile, nvcc, s, o, flags) for s, o in zip(srcs, objs)]
+        futures = [pool.submit(_compile, nvcc, s, o, flags + (host_flags if s.suffix == ".cpp" else []))
+                   for s, o in zip(srcs, objs)]
         for i, fut in enumerate(futures, 1):
             src, seconds, messages = fut.result()
-            print(f"  [{i}/{len(srcs)}] {src.relative_to(CSRC)} ({seconds:.0f}s)", file=log)
+            print(f"  [{i}/{len(srcs)}] {src.relative_to(CSRC)} ({seconds:.0f}s, {time.monotonic() - start:.0f}s "
+                  "elapsed)", file=log)
             if messages.strip():
                 print(messages.rstrip(), file=log)
     return objs
 
 
+def _estimate_minutes(files: int, jobs: int) -> int:
+    """A rough build time: a kernel instantiation takes about two minutes of one core for sm_80 + sm_90a."""
+    return max(1, round(files * 2 / min(jobs, files)))
+
+
+def _torch_stubs(directory: Path) -> None:
+    """Empty libtorch_cpu.so / libtorch_cuda.so in `directory`, to link against: the library then records them as
+    needed, and the loader resolves their symbols in the torch already imported."""
+    stub = directory / "stub.c"
+    stub.write_text("")
+    for name in TORCH_LIBRARIES:
+        path = directory / f"lib{name}.so"
+        subprocess.run(["cc", "-shared", "-o", str(path), f"-Wl,-soname,lib{name}.so", str(stub)], check=True)
+
+
 def link(objs: list[Path], lib_path: Path, archs: tuple[str, ...] = DEFAULT_ARCHS) -> Path:
     """Links the objects into a shared library with the CUDA runtime linked statically."""
     nvcc = find_nvcc()
-    cmd = [nvcc, "-shared", "-cudart", "static", *gencode_flags(archs), "-Xcompiler", "-fPIC",
-           *map(str, objs), "-o", str(lib_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as stubs:
+        _torch_stubs(Path(stubs))
+        cmd = [nvcc, "-shared", "-cudart", "static", *gencode_flags(archs), "-Xcompiler", "-fPIC", *map(str, objs),
+               "-Xlinker", "--no-as-needed", f"-L{stubs}", *(f"-l{name}" for name in TORCH_LIBRARIES),
+               "-o", str(lib_path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"link failed:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     return lib_path
 
 
 def build(out_dir: Path, archs: tuple[str, ...] = DEFAULT_ARCHS, jobs: int | None = None,
-          extra_flags: tuple[str, ...] = (), log=sys.stderr) -> Path:
-    """Compiles every source and links out_dir/libomni_hf_cuda.so (written atomically); returns its path."""
+          extra_flags: tuple[str, ...] = (), log=sys.stderr, only: str | None = None) -> Path:
+    """Compiles every source (or those matching the glob `only`) in a temporary directory and links
+    out_dir/libomni_hf_cuda.so (written atomically); returns its path."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    objs = compile_objects(out_dir, archs, jobs, extra_flags=extra_flags, log=log)
     tmp = out_dir / f".{LIB_NAME}.{os.getpid()}"
-    link(objs, tmp, archs)
+    with tempfile.TemporaryDirectory() as obj_dir:
+        objs = compile_objects(Path(obj_dir), archs, jobs, only, extra_flags=extra_flags, log=log)
+        link(objs, tmp, archs)
     lib = out_dir / LIB_NAME
     os.replace(tmp, lib)
     print(f"omni_hf: built {lib} in {time.monotonic() - start:.0f}s", file=log)
@@ -152,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m omni_hf.build", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default=",".join(DEFAULT_ARCHS), help="comma-separated, e.g. 80,90a")
     parser.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: all cores)")
-    parser.add_argument("--only", default=None, help="compile only sources matching this glob (no link)")
+    parser.add_argument("--only", default=None, help="compile only sources matching this glob into OUT/obj (no link)")
     parser.add_argument("--out", default=None, help="output directory (default: omni_hf/lib)")
     parser.add_argument("--ptxas-info", action="store_true", help="print registers and spills per kernel")
     args = parser.parse_args(argv)
@@ -161,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = ("-Xptxas", "-v") if args.ptxas_info else ()
     try:
         if args.only:
-            compile_objects(out, archs, args.jobs, args.only, extra)
+            compile_objects(out / "obj", archs, args.jobs, args.only, extra)
         else:
             build(out, archs, args.jobs, extra)
     except BuildError as err:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["BlockType", "OmniBlockMask", "token_ids_from_spans"]
+__all__ = ["BlockType", "MaskKind", "OmniBlockMask", "token_ids_from_spans"]
 
 BLOCK_SIZES = (64, 128)
 _INT32_MAX = torch.iinfo(torch.int32).max
@@ -41,6 +41,19 @@ class BlockType(enum.IntEnum):
     PARTIAL = 3
 
 
+class MaskKind(enum.IntEnum):
+    """How an `OmniBlockMask` is given; values match `OmniMaskKind` in the C header.
+
+    ``BLOCKS``: block lists (with a pattern pool and / or token ids). ``CAUSAL`` (bottom-right causal, optional
+    sliding window) and ``FULL`` (every key) are implicit: their sizes describe them, so they hold no tensors,
+    cost nothing to build, serve every device, and the kernels derive each block from its position.
+    """
+
+    BLOCKS = 0
+    CAUSAL = 1
+    FULL = 2
+
+
 # Plain ints for tensor comparisons: under vmap a tensor compared with an IntEnum gives a Python bool,
 # and Dynamo does not trace IntEnum members.
 _MASKED, _FULL, _CAUSAL, _PARTIAL = (int(t) for t in BlockType)
@@ -53,7 +66,8 @@ class OmniBlockMask:
 
     Leading dims ``B`` and ``H`` of every list may be 1 and then broadcast over the batch / query heads.
     ``nQ = ceil(q_len / block_q)``, ``nK = ceil(kv_len / block_kv)``; builders use ``maxK = nK`` and
-    ``maxQ = nQ`` so that shapes never depend on the data.
+    ``maxQ = nQ`` so that shapes never depend on the data. Implicit masks (``kind`` CAUSAL or FULL, from
+    `causal` and `full`) hold no tensors: every list, the pool and the ids are None.
 
     Attributes:
         kv_num_blocks: int32 ``[B, H, nQ]``, active KV blocks of each Q block (row view).
@@ -66,18 +80,19 @@ class OmniBlockMask:
         q_len, kv_len: query and key lengths.
         block_q, block_kv: block sizes, 64 or 128 each.
         doc_ids, group_ids: int32 ``[B, kv_len]`` per-token ids for token-rule PARTIAL blocks, or None.
-        window: sliding window of the token rule's causal part, or None.
+        window: sliding window of the causal part (token rule, or an implicit CAUSAL mask), or None.
+        kind: `MaskKind`, BLOCKS unless the mask is implicit.
     """
 
-    kv_num_blocks: torch.Tensor
-    kv_indices: torch.Tensor
-    kv_types: torch.Tensor
-    kv_partial: torch.Tensor
-    q_num_blocks: torch.Tensor
-    q_indices: torch.Tensor
-    q_types: torch.Tensor
-    q_partial: torch.Tensor
-    partial_pool: torch.Tensor
+    kv_num_blocks: torch.Tensor | None
+    kv_indices: torch.Tensor | None
+    kv_types: torch.Tensor | None
+    kv_partial: torch.Tensor | None
+    q_num_blocks: torch.Tensor | None
+    q_indices: torch.Tensor | None
+    q_types: torch.Tensor | None
+    q_partial: torch.Tensor | None
+    partial_pool: torch.Tensor | None
     q_len: int
     kv_len: int
     block_q: int = 128
@@ -85,30 +100,37 @@ class OmniBlockMask:
     doc_ids: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     window: int | None = None
+    kind: MaskKind = MaskKind.BLOCKS
 
     # ------------------------------------------------------------------ sizes
 
     @property
+    def implicit(self) -> bool:
+        """True for masks that sizes describe (kind CAUSAL or FULL): no tensors, any device."""
+        return self.kind != MaskKind.BLOCKS
+
+    @property
     def batch(self) -> int:
         """Leading batch dim of the lists (1 when the mask broadcasts over the batch)."""
-        return self.kv_num_blocks.shape[0]
+        return 1 if self.implicit else self.kv_num_blocks.shape[0]
 
     @property
     def heads(self) -> int:
         """Leading head dim of the lists (1 when the mask broadcasts over the query heads)."""
-        return self.kv_num_blocks.shape[1]
+        return 1 if self.implicit else self.kv_num_blocks.shape[1]
 
     @property
     def num_q_blocks(self) -> int:
-        return self.kv_num_blocks.shape[2]
+        return -(-self.q_len // self.block_q)
 
     @property
     def num_kv_blocks(self) -> int:
-        return self.q_num_blocks.shape[2]
+        return -(-self.kv_len // self.block_kv)
 
     @property
-    def device(self) -> torch.device:
-        return self.kv_num_blocks.device
+    def device(self) -> torch.device | None:
+        """The device of the lists; None for an implicit mask, which serves every device."""
+        return None if self.implicit else self.kv_num_blocks.device
 
     # ------------------------------------------------------------------ builders
 
@@ -121,21 +143,27 @@ class OmniBlockMask:
         block_q: int = 128,
         block_kv: int = 128,
         window: int | None = None,
-        device: torch.device | str | None = None,
     ) -> OmniBlockMask:
         """Causal mask with bottom-right alignment (query ``i`` sees keys ``j <= i + kv_len - q_len``).
 
-        With ``window``, keys must also satisfy ``qpos - j < window`` (token rule with one document).
+        With ``window``, keys must also satisfy ``qpos - j < window``. Implicit (`MaskKind.CAUSAL`): nothing is
+        built, on any device; the kernels derive every block from its position.
         """
+        return cls._implicit(MaskKind.CAUSAL, q_len, kv_len, block_q, block_kv, window)
+
+    @classmethod
+    def full(cls, q_len: int, kv_len: int | None = None, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+        """Every query sees every key (bidirectional attention, e.g. a vision tower). Implicit
+        (`MaskKind.FULL`): nothing is built, on any device."""
+        return cls._implicit(MaskKind.FULL, q_len, kv_len, block_q, block_kv, None)
+
+    @classmethod
+    def _implicit(cls, kind: MaskKind, q_len: int, kv_len: int | None, block_q: int, block_kv: int,
+                  window: int | None) -> OmniBlockMask:
         kv_len = q_len if kv_len is None else kv_len
         _check_sizes(q_len, kv_len, block_q, block_kv)
-        if window is not None:
-            doc_ids = torch.zeros(1, kv_len, dtype=torch.int32, device=device)
-            return cls.from_token_ids(doc_ids, q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
-        pos = _BlockPositions(q_len, kv_len, block_q, block_kv, torch.device(device or "cpu"))
-        types = torch.where(pos.all_after, _MASKED, torch.where(pos.all_before, _FULL, _CAUSAL)).to(torch.int8)[None, None]
-        return cls._from_block_table(types, None, _empty_pool(block_q, block_kv, types.device), q_len, kv_len,
-                                     block_q, block_kv)
+        _check_window(window)
+        return cls(*(None,) * len(_TENSOR_FIELDS), q_len, kv_len, block_q, block_kv, window=window, kind=kind)
 
     @classmethod
     def from_token_ids(
@@ -168,8 +196,7 @@ class OmniBlockMask:
         _check_sizes(q_len, kv_len, block_q, block_kv)
         if q_len > kv_len:
             raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"window: expected a positive int or None, got {window!r}")
+        _check_window(window)
         pool = _empty_pool(block_q, block_kv, doc_ids.device)
         token_rule = dict(doc_ids=doc_ids, group_ids=group_ids, window=window)
         if _library_builds_token_masks(doc_ids):
@@ -284,6 +311,8 @@ class OmniBlockMask:
         Takes broadcastable int index tensors (``q_idx`` is the query row, 0 to ``q_len - 1``), all in
         range; ``b`` and ``h`` are clamped to 0 where the mask broadcasts. This is `to_flex`'s mask_mod.
         """
+        if self.implicit:
+            return lambda b, h, q_idx, kv_idx: self._implicit_rule(q_idx, kv_idx)
         types, partial = self.block_table()
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -292,6 +321,14 @@ class OmniBlockMask:
             return self._rule(types[b, h, qb, kb], partial[b, h, qb, kb], b, q_idx, kv_idx)
 
         return mask_mod
+
+    def _implicit_rule(self, q_idx, kv_idx) -> torch.Tensor:
+        """The element rule of an implicit mask (broadcastable index tensors; keys in range)."""
+        if self.kind == MaskKind.FULL:
+            return torch.ones_like(q_idx + kv_idx, dtype=torch.bool)
+        qpos = q_idx + (self.kv_len - self.q_len)
+        allowed = kv_idx <= qpos
+        return allowed if self.window is None else allowed & (qpos - kv_idx < self.window)
 
     def _rule(self, kind, pool_id, b, q_idx, kv_idx) -> torch.Tensor:
         """The element rule given each element's block type and pool id (broadcastable tensors)."""
@@ -313,8 +350,12 @@ class OmniBlockMask:
             result = result | (is_partial & (pool_id < 0) & token)
         return result
 
-    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        """The dense bool mask of query rows ``start:stop``: ``[B, H, stop - start, kv_len]``."""
+    def dense_rows(self, start: int, stop: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """The dense bool mask of query rows ``start:stop``: ``[B, H, stop - start, kv_len]``, on the mask's
+        device (``device``, default CPU, for an implicit mask)."""
+        if self.implicit:
+            q = torch.arange(start, stop, device=device)[:, None]
+            return self._implicit_rule(q, torch.arange(self.kv_len, device=device)[None])[None, None]
         device = self.device
         b = torch.arange(self.batch, device=device)[:, None, None, None]
         q = torch.arange(start, stop, device=device)
@@ -326,12 +367,16 @@ class OmniBlockMask:
         allowed = self._rule(kind, pool_id, b, q[:, None], kv[None, :])
         return allowed.expand(self.batch, self.heads, stop - start, self.kv_len)
 
-    def to_dense(self) -> torch.Tensor:
-        """The whole dense bool mask ``[B, H, q_len, kv_len]`` (for tests and small sizes only)."""
-        return self.dense_rows(0, self.q_len)
+    def to_dense(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The whole dense bool mask ``[B, H, q_len, kv_len]`` (for tests and small sizes only; ``device`` as in
+        `dense_rows`)."""
+        return self.dense_rows(0, self.q_len, device)
 
     def block_table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dense per-block view: types int8 ``[B, H, nQ, nK]`` and pool ids int32 (-1 where none)."""
+        """Dense per-block view: types int8 ``[B, H, nQ, nK]`` and pool ids int32 (-1 where none); on the CPU
+        for an implicit mask, whose blocks are those the kernels derive (`_implicit_block_table`)."""
+        if self.implicit:
+            return _implicit_block_table(self)
         return _table_from_lists(self.kv_num_blocks, self.kv_indices, self.kv_types, self.kv_partial,
                                  self.num_kv_blocks)
 
@@ -359,7 +404,7 @@ class OmniBlockMask:
         header = (f"OmniBlockMask q_len={self.q_len} kv_len={self.kv_len} blocks={self.block_q}x{self.block_kv} "
                   f"B={self.batch} H={self.heads} (showing b={b} h={h}): "
                   + " ".join(f"{_PICTURE[kind]}={counts[kind]}" for kind in BlockType)
-                  + f" partial_pool={self.partial_pool.shape[0]}")
+                  + f" partial_pool={0 if self.implicit else self.partial_pool.shape[0]}")
         return "\n".join([header] + ["".join(_PICTURE[BlockType(t)] for t in row) for row in grid])
 
     def __str__(self) -> str:
@@ -422,17 +467,17 @@ class OmniBlockMask:
         return cls._from_block_table(types, partial, pool, q_len, kv_len, block_q, block_kv)
 
     def _op_args(self) -> tuple[list[torch.Tensor | None], list[int]]:
-        """Flatten into tensors and ints for the custom op (inverse: `_from_op_args`)."""
+        """Flatten into tensors and ints for the ops (inverse: `_from_op_args`)."""
         tensors = [getattr(self, name) for name in _TENSOR_FIELDS] + [self.doc_ids, self.group_ids]
-        ints = [self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0]
+        ints = [self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0, int(self.kind)]
         return tensors, ints
 
     @classmethod
     def _from_op_args(cls, tensors: Sequence[torch.Tensor | None], ints: Sequence[int]) -> OmniBlockMask:
-        q_len, kv_len, block_q, block_kv, window = ints
+        q_len, kv_len, block_q, block_kv, window, kind = ints
         fields = dict(zip(_TENSOR_FIELDS, tensors))
         return cls(**fields, q_len=q_len, kv_len=kv_len, block_q=block_q, block_kv=block_kv,
-                   doc_ids=tensors[-2], group_ids=tensors[-1], window=window or None)
+                   doc_ids=tensors[-2], group_ids=tensors[-1], window=window or None, kind=MaskKind(kind))
 
 
 _TENSOR_FIELDS = ("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices", "q_types",
@@ -632,6 +677,24 @@ def _classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.
     return _block_type(masked, full, causal)
 
 
+def _implicit_block_table(mask: OmniBlockMask) -> tuple[torch.Tensor, torch.Tensor]:
+    """types int8 ``[1, 1, nQ, nK]`` and pool ids (all -1) of an implicit mask: the blocks the kernels derive
+    (csrc/common/mask_rule.cuh, ``implicit_*``). FULL masks list every block as FULL; CAUSAL masks list the
+    blocks between a row's first windowed key and its last query, FULL where every key precedes every query,
+    PARTIAL (token rule, one document of text) where the window cuts the block, else CAUSAL."""
+    pos = _BlockPositions(mask.q_len, mask.kv_len, mask.block_q, mask.block_kv, torch.device("cpu"))
+    q_last = pos.q_last.clamp(max=mask.kv_len - 1)
+    if mask.kind == MaskKind.FULL:
+        types = torch.full((pos.q_first.shape[0], pos.k_first.shape[1]), _FULL, dtype=torch.int8)
+    else:
+        window = mask.window or _INT32_MAX
+        listed = (pos.k_first <= q_last) & (pos.k_last >= pos.q_first - window + 1)
+        cut = q_last - pos.k_first >= window
+        types = torch.where(cut, _PARTIAL, torch.where(pos.k_last <= pos.q_first, _FULL, _CAUSAL))
+        types = torch.where(listed, types, _MASKED).to(torch.int8)
+    return types[None, None], torch.full(types.shape, -1, dtype=torch.int32)[None, None]
+
+
 def _library_builds_token_masks(ids: torch.Tensor) -> bool:
     """Whether `from_token_ids` hands these ids to the CUDA library: on a GPU, not being traced by
     torch.compile (a ctypes call is opaque to it), not forced to PyTorch, and the library has the builder."""
@@ -711,6 +774,11 @@ def _check_sizes(q_len: int, kv_len: int, block_q: int, block_kv: int) -> None:
             raise ValueError(f"{name}: expected one of {BLOCK_SIZES}, got {value!r}")
 
 
+def _check_window(window) -> None:
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window: expected a positive int or None, got {window!r}")
+
+
 def _check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise to int32 ``[B, kv_len]`` tensors on one device; group_ids None -> all text."""
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
@@ -744,6 +812,12 @@ def _describe_value(value) -> str:
 def _validate(m: OmniBlockMask) -> None:
     """All structural checks of `OmniBlockMask.validate`."""
     _check_sizes(m.q_len, m.kv_len, m.block_q, m.block_kv)
+    if m.implicit:
+        _check_window(m.window)
+        held = [name for name in (*_TENSOR_FIELDS, "doc_ids", "group_ids") if getattr(m, name) is not None]
+        if held:
+            raise ValueError(f"{held[0]}: expected None for an implicit mask (kind {m.kind.name}), got a tensor")
+        return
     nq, nk = -(-m.q_len // m.block_q), -(-m.kv_len // m.block_kv)
     pool_size = m.partial_pool.shape[0]
     expected_pool = (pool_size, m.block_q, m.block_kv // 32)

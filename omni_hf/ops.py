@@ -1,10 +1,11 @@
-"""`omni_attention`: input checks, backend dispatch, and the `torch.library` custom ops with autograd.
+"""`omni_attention`: input checks, backend dispatch and autograd.
 
-The forward and backward are custom ops (``omni_hf::attention_forward`` / ``omni_hf::attention_backward``)
-with fake implementations, tied together by one `torch.autograd.Function`, so ``torch.compile(fullgraph=True)``
-traces a training step without a graph break. Eager calls skip the ops' dispatch and run the backend directly
-(host time matters at small sizes). Both run on one seam, `_backend`: the CUDA library where it can run the
-inputs, otherwise the exact PyTorch reference. ``OMNI_HF_BACKEND=cuda|reference`` forces one.
+Two backends run a call: the CUDA library's ops (``omni_hf::fwd`` / ``omni_hf::bwd``, registered in C++ with
+fake implementations, `omni_hf._cuda`) where they can run it, otherwise the exact PyTorch reference (wrapped in the
+custom ops ``omni_hf::reference_forward`` / ``omni_hf::reference_backward`` for ``torch.compile``, called directly
+in eager mode). ``OMNI_HF_BACKEND=cuda|reference`` forces one. One `torch.autograd.Function` ties forward and
+backward together, so ``torch.compile(fullgraph=True)`` traces a training step without a graph break; a call
+that needs no gradient skips it. The per-call path is kept short: host time matters at small sizes.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def omni_attention(
             fp16 / bf16 (float32 runs on the reference); any strides with the last dim contiguous;
             ``D`` a multiple of 8, at most 256 (the CUDA kernels take 64 and 128).
         block_mask: an `OmniBlockMask` with ``q_len == Sq``, ``kv_len == Skv``, batch 1 or B, heads 1 or Hq,
-            on q's device.
+            on q's device (implicit masks, `OmniBlockMask.causal` and `OmniBlockMask.full`, serve any device).
         scale: multiplies ``q.k`` (default ``D ** -0.5``).
         softcap: if set, scores become ``softcap * tanh(score / softcap)``.
         return_lse: also return the log-sum-exp of each row.
@@ -50,88 +51,108 @@ def omni_attention(
     Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
 
     Returns:
-        out ``[B, Hq, Sq, D]`` in q's dtype; with ``return_lse``, also lse float32 ``[B, Hq, Sq]``
+        out ``[B, Hq, Sq, D]`` in q's dtype (on the GPU in q's memory layout, so a transposed ``[B, Sq, Hq, D]``
+        q gives an out whose transpose is contiguous); with ``return_lse``, also lse float32 ``[B, Hq, Sq]``
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
-    q, k, v = _autocast(q, k, v)
+    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
+        q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, block_mask, scale, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    softcap = float(softcap or 0.0)
+    backend = _backend(q, block_mask)
     tensors, sizes = block_mask._op_args()
-    out, lse = _Attention.apply(q, k, v, sizes, scale, float(softcap or 0.0), *tensors)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _Attention.apply(q, k, v, backend, sizes, scale, softcap, *tensors)
+    else:
+        out, lse = _forward(backend, q, k, v, tensors, sizes, scale, softcap)
     return (out, lse) if return_lse else out
 
 
-# ---------------------------------------------------------------------- custom ops
+# ---------------------------------------------------------------------- backends
+
+_CUDA, _REFERENCE = "cuda", "reference"
 
 
-@torch.library.custom_op("omni_hf::attention_forward", mutates_args=())
-def attention_forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: list[Optional[torch.Tensor]],
-    mask_sizes: list[int], scale: float, softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward op: out ``[B, Hq, Sq, D]`` and lse float32 ``[B, Hq, Sq]`` (see `omni_attention`)."""
-    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
-    forward, _ = _backend(q, k, v, mask)
-    return forward(q, k, v, mask, scale, softcap or None)
+def _forward(backend: str, q, k, v, mask_tensors, mask_sizes, scale: float, softcap: float):
+    """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask._op_args`; the reference runs as its
+    custom op while compiling (opaque to Dynamo)."""
+    if backend == _CUDA:
+        from . import _cuda
+
+        return _cuda.forward_flat(q, k, v, mask_tensors, mask_sizes, scale, softcap)
+    if torch.compiler.is_compiling():
+        return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap)
+    return reference.attention_forward(q, k, v, OmniBlockMask._from_op_args(mask_tensors, mask_sizes), scale,
+                                       softcap or None)
 
 
-@attention_forward_op.register_fake
-def _(q, k, v, mask_tensors, mask_sizes, scale, softcap):
-    out = q.new_empty(q.shape)
-    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
+    """(dq, dk, dv) of ``backend`` from the forward's out and lse."""
+    if backend == _CUDA:
+        from . import _cuda
 
-
-@torch.library.custom_op("omni_hf::attention_backward", mutates_args=())
-def attention_backward_op(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    mask_tensors: list[Optional[torch.Tensor]], mask_sizes: list[int], scale: float, softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward op: dq, dk, dv shaped like q, k, v."""
-    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
-    _, backward = _backend(q, k, v, mask)
-    return backward(dout, q, k, v, out, lse, mask, scale, softcap or None)
-
-
-@attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        return _cuda.backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
+    if torch.compiler.is_compiling():
+        return reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
+    return reference.attention_backward(dout, q, k, v, out, lse, OmniBlockMask._from_op_args(mask_tensors, mask_sizes),
+                                        scale, softcap or None)
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd of `omni_attention`. Eager calls run the backend directly: the custom ops' dispatch and
-    torch.library's autograd wrapper cost more host time than the kernels at small sizes. Under
-    torch.compile the custom ops run instead, so the graph stays whole (the ctypes call is opaque to Dynamo).
-
-    ``forward(q, k, v, mask_sizes, scale, softcap, *mask_tensors) -> (out, lse)``; lse is not differentiable.
-    """
+    """Autograd of `omni_attention`: ``forward(q, k, v, backend, mask_sizes, scale, softcap, *mask_tensors)
+    -> (out, lse)``; lse is not differentiable. The mask travels flattened so that Dynamo sees only tensors
+    and constants."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask_sizes, scale, softcap, *mask_tensors):
-        if torch.compiler.is_compiling():
-            out, lse = attention_forward_op(q, k, v, list(mask_tensors), mask_sizes, scale, softcap)
-        else:
-            mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
-            forward, backward = _backend(q, k, v, mask)
-            out, lse = forward(q, k, v, mask, scale, softcap or None)
-            ctx.eager = mask, backward  # the backward runs where the forward ran, without choosing again
-        ctx.save_for_backward(q, k, v, out, lse, *mask_tensors)
-        ctx.mask_sizes, ctx.scale, ctx.softcap = mask_sizes, scale, softcap
+    def forward(ctx, q, k, v, backend, mask_sizes, scale, softcap, *mask_tensors):
+        out, lse = _forward(backend, q, k, v, mask_tensors, mask_sizes, scale, softcap)
+        present = [t is not None for t in mask_tensors]
+        ctx.save_for_backward(q, k, v, out, lse, *(t for t in mask_tensors if t is not None))
+        ctx.args = present, mask_sizes, backend, scale, softcap
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for lse's gradient
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, *mask_tensors = ctx.saved_tensors
-        if grad_out is None:
-            grads = (None, None, None)
-        elif torch.compiler.is_compiling():
-            grads = attention_backward_op(grad_out, q, k, v, out, lse, mask_tensors, ctx.mask_sizes, ctx.scale,
-                                          ctx.softcap)
-        else:
-            mask, backward = ctx.eager
-            grads = backward(grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.softcap or None)
-        return (*grads, None, None, None, *(None for _ in mask_tensors))
+        q, k, v, out, lse, *held = ctx.saved_tensors
+        present, sizes, backend, scale, softcap = ctx.args
+        held = iter(held)
+        tensors = [next(held) if p else None for p in present]
+        grads = (None, None, None) if grad_out is None else _backward(
+            backend, grad_out, q, k, v, out, lse, tensors, sizes, scale, softcap)
+        return (*grads, None, None, None, None, *(None for _ in present))
+
+
+@torch.library.custom_op("omni_hf::reference_forward", mutates_args=())
+def reference_forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: list[Optional[torch.Tensor]],
+    mask_sizes: list[int], scale: float, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference forward as one op (for compiled graphs): out ``[B, Hq, Sq, D]``, lse float32 ``[B, Hq, Sq]``."""
+    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
+    return reference.attention_forward(q, k, v, mask, scale, softcap or None)
+
+
+@reference_forward_op.register_fake
+def _(q, k, v, mask_tensors, mask_sizes, scale, softcap):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("omni_hf::reference_backward", mutates_args=())
+def reference_backward_op(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    mask_tensors: list[Optional[torch.Tensor]], mask_sizes: list[int], scale: float, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference backward as one op: dq, dk, dv shaped like q, k, v (contiguous)."""
+    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
+    return reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap or None)
+
+
+@reference_backward_op.register_fake
+def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 # ---------------------------------------------------------------------- dispatch
@@ -140,30 +161,25 @@ class _Attention(torch.autograd.Function):
 _warned_fallback = False
 
 
-def _backend(q, k, v, mask):
-    """The (forward, backward) pair that runs these inputs: the CUDA library's or the reference's.
-
-    Signatures: ``forward(q, k, v, mask, scale, softcap) -> (out, lse)`` and
-    ``backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)``.
-    """
+def _backend(q: torch.Tensor, mask: OmniBlockMask) -> str:
+    """"cuda" where the library's kernels can run the call (q, k, v already checked to agree), else "reference"."""
     choice = os.environ.get("OMNI_HF_BACKEND", "auto")
-    if choice not in ("auto", "cuda", "reference"):
-        raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
-    exact = reference.attention_forward, reference.attention_backward
     if choice == "reference" or (choice == "auto" and not q.is_cuda):
-        return exact
+        return _REFERENCE
+    if choice not in ("auto", "cuda"):
+        raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
     from . import _cuda
 
-    reason = _cuda.unsupported_reason(q, k, v, mask)
+    reason = _cuda.unsupported_reason(q, mask)
     if reason is None:
-        return _cuda.forward, _cuda.backward
+        return _CUDA
     if choice == "cuda":
         raise RuntimeError(f"OMNI_HF_BACKEND=cuda, but the CUDA kernels cannot run these inputs: {reason}")
     global _warned_fallback
     if not _warned_fallback:
         _warned_fallback = True
         warnings.warn(f"omni_attention: running the PyTorch reference on the GPU ({reason})", stacklevel=3)
-    return exact
+    return _REFERENCE
 
 
 # ---------------------------------------------------------------------- checks
@@ -172,15 +188,38 @@ def _backend(q, k, v, mask):
 def _autocast(q, k, v):
     """As SDPA: under autocast, run in the autocast dtype (RoPE hands float32 q and k, the linear a bf16 v)."""
     tensors = (q, k, v)
-    if all(isinstance(t, torch.Tensor) for t in tensors) and torch.is_autocast_enabled(q.device.type):
+    if all(isinstance(t, torch.Tensor) for t in tensors):
         dtype = torch.get_autocast_dtype(q.device.type)
         return tuple(t.to(dtype) for t in tensors)
     return tensors
 
 
-
 def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
-    """Raise TypeError / ValueError naming the argument, what was expected and what was received."""
+    """Raise TypeError / ValueError naming the argument, what was expected and what was received.
+
+    The common case is accepted by one compound test; anything else goes through `_explain_inputs`, which
+    finds and reports the first problem."""
+    try:
+        qs, ks = q.shape, k.shape
+        fine = (len(qs) == 4 and len(ks) == 4 and ks == v.shape and ks[0] == qs[0] and ks[3] == qs[3]
+                and qs[1] % ks[1] == 0 and qs[3] % 8 == 0 and qs[3] <= MAX_HEAD_DIM
+                and q.dtype in SUPPORTED_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+                and k.device == q.device and v.device == q.device
+                and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+                and type(block_mask) is OmniBlockMask and block_mask.q_len == qs[2] and block_mask.kv_len == ks[2]
+                and block_mask.batch in (1, qs[0]) and block_mask.heads in (1, qs[1])
+                and (block_mask.implicit or (block_mask.kv_num_blocks.device == q.device and (
+                    block_mask.doc_ids is None or block_mask.doc_ids.shape[0] in (1, qs[0]))))
+                and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
+                and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
+    except (AttributeError, TypeError, IndexError):
+        fine = False
+    if not fine:
+        _explain_inputs(q, k, v, block_mask, scale, softcap)
+
+
+def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
+    """Raise the error of the first problem with the inputs (see `_check_inputs`)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -225,6 +264,6 @@ def _check_mask(block_mask, q, k) -> None:
         raise ValueError(f"block_mask: expected heads 1 or Hq={heads_q}, got {block_mask.heads}")
     if block_mask.doc_ids is not None and block_mask.doc_ids.shape[0] not in (1, batch):
         raise ValueError(f"block_mask.doc_ids: expected batch 1 or {batch}, got {block_mask.doc_ids.shape[0]}")
-    if block_mask.device != q.device:
+    if block_mask.device is not None and block_mask.device != q.device:
         raise ValueError(f"block_mask: expected device {q.device} (that of q), got {block_mask.device}; "
                          f"use block_mask.to(q.device)")

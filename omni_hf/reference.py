@@ -40,7 +40,7 @@ def attention_forward(
     acc, heads_kv = _accumulation_dtype(q), k.shape[1]
     kf, vf = _grouped(k, acc), _grouped(v, acc)
     for start, stop in _chunks(q, k):
-        allowed = _mask_rows(mask, start, stop, heads_kv)
+        allowed = _mask_rows(mask, start, stop, heads_kv, q.device)
         s, _ = _scores(_grouped_q(q, heads_kv, start, stop, acc), kf, scale, softcap)
         s = s.masked_fill_(~allowed, float("-inf"))
         row_max = s.amax(-1, keepdim=True)
@@ -78,7 +78,7 @@ def attention_backward(
     dk = torch.zeros_like(kf, memory_format=torch.contiguous_format)  # contiguous, as the fake op promises
     dv = torch.zeros_like(dk)
     for start, stop in _chunks(q, k):
-        allowed = _mask_rows(mask, start, stop, heads_kv)
+        allowed = _mask_rows(mask, start, stop, heads_kv, q.device)
         qc, doc, oc, row_lse = (_grouped_q(x, heads_kv, start, stop, acc) for x in (q, dout, out, lse[..., None]))
         s, tanh = _scores(qc, kf, scale, softcap)
         live = allowed & torch.isfinite(row_lse)
@@ -134,9 +134,11 @@ def _scores(qc, kf, scale, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
     return softcap * tanh, tanh
 
 
-def _mask_rows(mask: OmniBlockMask | torch.Tensor, start: int, stop: int, heads_kv: int) -> torch.Tensor:
-    """bool mask rows ``start:stop`` as ``[B|1, Hkv|1, G|1, rows, Skv]`` (broadcast against the scores)."""
-    rows = mask.dense_rows(start, stop) if isinstance(mask, OmniBlockMask) else mask[..., start:stop, :]
+def _mask_rows(mask: OmniBlockMask | torch.Tensor, start: int, stop: int, heads_kv: int,
+               device: torch.device) -> torch.Tensor:
+    """bool mask rows ``start:stop`` as ``[B|1, Hkv|1, G|1, rows, Skv]`` (broadcast against the scores; an
+    implicit mask's rows are made on ``device``)."""
+    rows = mask.dense_rows(start, stop, device) if isinstance(mask, OmniBlockMask) else mask[..., start:stop, :]
     if rows.dim() == 2:
         rows = rows[None, None]
     batch, heads = rows.shape[:2]

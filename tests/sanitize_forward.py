@@ -30,7 +30,9 @@ def cases():
             yield OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), 200, 333, dim, 2, 1, None
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
                    150, 333, dim, 4, 2, 10.0)
-    yield OmniBlockMask.causal(1, 333, device="cuda"), 1, 333, 128, 2, 2, None
+    yield OmniBlockMask.causal(1, 333), 1, 333, 128, 2, 2, None
+    yield OmniBlockMask.causal(200, 333, window=70), 200, 333, 64, 2, 1, None
+    yield OmniBlockMask.full(150, 333), 150, 333, 128, 4, 2, None
     # 192 CTAs of 128 rows: more than an H100 / H200 has SMs, so CTAs follow each other on an SM.
     short_doc, short_grp = doc[:, :300].contiguous(), grp[:, :300].contiguous()
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 64, 32, 8, None

@@ -17,8 +17,6 @@ compute-sanitizer: ``python tests/test_cuda_backward.py``.
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -32,10 +30,12 @@ ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error (see the modu
 
 
 @pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """`_cuda.backward` fills dq, dk, dv with NaN before the kernels run; the checks then prove every element
-    was written (they compare all of them and require finite values)."""
-    monkeypatch.setattr(_cuda, "poison_outputs", True)
+def poisoned_outputs():
+    """The op fills dq, dk, dv and its workspace with NaN before the kernels run; the checks then prove every
+    element was written (they compare all of them and require finite values)."""
+    _cuda.set_poison_outputs(True)
+    yield
+    _cuda.set_poison_outputs(False)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -112,7 +112,7 @@ def _structural_zeros(mask: OmniBlockMask, batch: int, heads_q: int, heads_kv: i
     """Rows of dq with no allowed key, and rows of dk / dv whose key no query of the group sees: their
     gradients are exactly zero by the mask's structure (a single allowed key also gives a zero gradient
     mathematically, but only up to rounding)."""
-    dense = mask.to_dense().expand(batch, heads_q, -1, -1)
+    dense = mask.to_dense("cuda").expand(batch, heads_q, -1, -1)
     no_key = ~dense.any(-1)
     no_query = ~dense.unflatten(1, (heads_kv, heads_q // heads_kv)).any(2).any(-2)
     return no_key, no_query, no_query
@@ -134,22 +134,6 @@ def _check(dout, q, k, v, mask, *, scale=None, softcap=None):
     gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, softcap)
     got = _cuda.backward(dout, q, k, v, out, lse, mask, scale, softcap)
     _assert_gradients(got, gold, ref, _structural_zeros(mask, q.shape[0], q.shape[1], k.shape[1]))
-
-
-def _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, scale, softcap=None, workspace_bytes=None) -> int:
-    """omni_bwd on caller-owned outputs and a NaN-filled workspace; returns the status code."""
-    lib = _cuda._library()
-    keep = [lse]
-    params = _cuda.OmniBwdParams(fwd=_cuda._fwd_params(q, k, v, out, lse, mask, scale, softcap, keep),
-                                 dout=_cuda._tensor(dout), dq=_cuda._tensor(dq), dk=_cuda._tensor(dk),
-                                 dv=_cuda._tensor(dv))
-    need = lib.omni_bwd_workspace_bytes(ctypes.byref(params))
-    workspace = torch.full((need // 4 + 4,), float("nan"), device="cuda")
-    params.workspace = workspace.data_ptr()
-    params.workspace_bytes = need if workspace_bytes is None else workspace_bytes
-    status = lib.omni_bwd(ctypes.byref(params))
-    torch.cuda.synchronize()
-    return status
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -239,25 +223,43 @@ def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient(block):
 def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block_kv):
     gen = torch.Generator("cuda").manual_seed(block_kv)
     q, k, v, dout = _qkv(2, 4, 2, 190, 250, 128, torch.bfloat16, gen=gen)
-    mask = OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_q=64,
-                                    block_kv=block_kv).to("cuda")
-    scale = 128**-0.5
-    gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, None)
-    dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v))
-    assert _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, scale) == 0
-    _assert_gradients((dq, dk, dv), gold, ref, _structural_zeros(mask, 2, 4, 2))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_q=64,
+                                                   block_kv=block_kv))
 
 
-def test_errors_are_reported_as_status_codes():
+@pytest.mark.parametrize("window", [None, 1, 150])
+@pytest.mark.parametrize("q_len, kv_len", [(1, 700), (200, 1031), (513, 513)])
+@pytest.mark.parametrize("block_q, block_kv", [(128, 128), (64, 64), (64, 128)])
+def test_implicit_causal_mask_gradients(block_q, block_kv, q_len, kv_len, window):
+    """Implicit causal masks (no lists): the backward derives every column's blocks, windows included."""
+    gen = torch.Generator("cuda").manual_seed(q_len + kv_len + (window or 0))
+    q, k, v, dout = _qkv(2, 4, 2, q_len, kv_len, 128, torch.bfloat16, gen=gen)
+    _check(dout, q, k, v, OmniBlockMask.causal(q_len, kv_len, window=window, block_q=block_q, block_kv=block_kv))
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(1, 700), (700, 300), (513, 513)])
+def test_implicit_full_mask_gradients(q_len, kv_len):
+    gen = torch.Generator("cuda").manual_seed(q_len * 5 + kv_len)
+    q, k, v, dout = _qkv(2, 4, 1, q_len, kv_len, 64, torch.float16, gen=gen)
+    _check(dout, q, k, v, OmniBlockMask.full(q_len, kv_len))
+
+
+def test_backward_outputs_keep_the_layout_of_their_inputs():
+    gen = torch.Generator("cuda").manual_seed(4)
+    q, k, v, dout = _qkv(2, 8, 2, 300, 300, 64, torch.bfloat16, bshd=True, gen=gen)
+    out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300), 0.125)
+    grads = _cuda.backward(dout, q, k, v, out, lse, OmniBlockMask.causal(300), 0.125, None)
+    for grad, t in zip(grads, (q, k, v)):
+        assert grad.stride() == _cuda.output_strides(t) and grad.transpose(1, 2).is_contiguous()
+
+
+def test_library_errors_name_the_failed_check():
     gen = torch.Generator("cuda").manual_seed(1)
-    q, k, v, dout = _qkv(1, 2, 1, 128, 128, 64, torch.float16, gen=gen)
-    mask = OmniBlockMask.causal(128, block_q=64, block_kv=64, device="cuda")
+    q, k, v, dout = _qkv(1, 2, 1, 128, 128, 96, torch.float16, gen=gen)
+    mask = OmniBlockMask.causal(128, block_q=64, block_kv=64)
     out, lse = reference.attention_forward(q, k, v, mask, 0.125)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    assert _backward_into(dq, dk, dv, dout, q, k, v, out, lse, mask, 0.125, workspace_bytes=64) == 8  # WORKSPACE
-    odd = torch.empty(1, 2, 128, 68, dtype=q.dtype, device="cuda")[..., :64]  # rows of 68 elements: misaligned
-    assert _backward_into(odd, dk, dv, dout, q, k, v, out, lse, mask, 0.125) == 4  # ALIGNMENT
-    assert "dq" in _cuda._library().omni_last_error_detail().decode()
+    with pytest.raises(RuntimeError, match="omni_bwd failed: head_dim.*head_dim=96"):
+        _cuda.backward(dout, q, k, v, out, lse, mask, 0.125, None)
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
@@ -266,10 +268,10 @@ def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(ker
     fall back to sm_80's."""
     gen = torch.Generator("cuda").manual_seed(3)
     q, k, v, dout = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, gen=gen)
-    out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300, 300, device="cuda"), 0.125)
+    out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300, 300), 0.125)
 
     def main_kernels(block_q, block_kv):
-        mask = OmniBlockMask.causal(300, 300, block_q=block_q, block_kv=block_kv, device="cuda")
+        mask = OmniBlockMask.causal(300, 300, block_q=block_q, block_kv=block_kv)
         names = kernel_names(lambda: _cuda.backward(dout, q, k, v, out, lse, mask, 0.125, None), "bwd")
         return [n for n in names if "preprocess" not in n and "convert" not in n]
 

@@ -1,52 +1,32 @@
-"""CPU-only checks of the CUDA library's build: the ctypes mirror matches the C header byte for byte, and one
-kernel instantiation compiles with nvcc for sm_80 (skipped where nvcc or the CUTLASS headers are absent)."""
+"""CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
+absent): the ABI version Python expects, the torch ops compiled against torch's stable ABI at the target version,
+a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, and the implicit-mask
+block rule of csrc/common/mask_rule.cuh run on the host against its definition."""
 
 from __future__ import annotations
 
-import ctypes
-import shutil
 import subprocess
 
 import pytest
+import torch
 
-from omni_hf import _cuda, build
-
-STRUCTS = (_cuda.OmniTensor, _cuda.OmniBlockList, _cuda.OmniMask, _cuda.OmniFwdParams, _cuda.OmniBwdParams)
-
-
-def _c_layout(tmp_path) -> dict[str, int]:
-    """sizeof of each struct and offsetof of each field, as the C compiler lays out omni_attention.h."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    lines = []
-    for struct in STRUCTS:
-        name = struct.__name__
-        lines.append(f'printf("{name} %zu\\n", sizeof({name}));')
-        lines += [f'printf("{name}.{f} %zu\\n", offsetof({name}, {f}));' for f, _ in struct._fields_]
-    src = tmp_path / "layout.c"
-    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "omni_attention.h"\n'
-                   "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
-    exe = tmp_path / "layout"
-    subprocess.run([compiler, f"-I{build.CSRC}", str(src), "-o", str(exe)], check=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    return {key: int(value) for key, value in (line.split() for line in out.splitlines())}
+from brute_force import causal_dense
+from omni_hf import OmniBlockMask, _cuda, build
 
 
-def _ctypes_layout() -> dict[str, int]:
-    layout = {}
-    for struct in STRUCTS:
-        layout[struct.__name__] = ctypes.sizeof(struct)
-        layout.update({f"{struct.__name__}.{f}": getattr(struct, f).offset for f, _ in struct._fields_})
-    return layout
+def needs(*tools: str) -> None:
+    """Skip unless the build tools are here."""
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    try:
+        for tool in tools:
+            {"cutlass": build.find_cutlass_include, "torch": build.find_torch_include}[tool]()
+    except build.BuildError as err:
+        pytest.skip(str(err))
 
 
-def test_ctypes_structs_match_the_c_header_layout(tmp_path):
-    assert _ctypes_layout() == _c_layout(tmp_path)
-
-
-def test_ctypes_abi_version_matches_the_header():
-    header = (build.CSRC / "omni_attention.h").read_text()
+def test_python_expects_the_abi_version_of_the_header():
+    header = (build.CSRC / "common" / "omni_attention.h").read_text()
     assert f"#define OMNI_ABI_VERSION {_cuda.ABI_VERSION}\n" in header
 
 
@@ -54,12 +34,98 @@ def test_source_hash_changes_with_the_target_arch():
     assert build.source_hash(("80",)) != build.source_hash(("90a",))
 
 
+def test_ops_link_into_a_library_that_needs_torchs_libraries(tmp_path):
+    """The torch ops compile against the stable ABI pinned to the target version and link against stand-ins,
+    so the library records libtorch_cpu / libtorch_cuda as needed without a CUDA torch at build time."""
+    needs("cutlass", "torch")
+    objs = build.compile_objects(tmp_path, archs=("80",), jobs=2, only="host/*.cpp")
+    objs += build.compile_objects(tmp_path, archs=("80",), jobs=2, only="common/status.cu")
+    lib = build.link(objs, tmp_path / "lib.so", ("80",))
+    dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    for name in build.TORCH_LIBRARIES:
+        assert f"[lib{name}.so]" in dynamic
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert "omni_set_poison_outputs" in symbols and "omni_abi_version" in symbols
+
+
 def test_one_forward_instantiation_compiles_for_sm80(tmp_path):
-    if build.find_nvcc() is None:
-        pytest.skip("nvcc not found")
-    try:
-        build.find_cutlass_include()
-    except build.BuildError as err:
-        pytest.skip(str(err))
-    [obj] = build.compile_objects(tmp_path, archs=("80",), jobs=2, only="inst/fwd_bf16_hdim128.cu")
+    needs("cutlass")
+    [obj] = build.compile_objects(tmp_path, archs=("80",), jobs=2, only="sm80/inst/fwd_bf16_hdim128.cu")
     assert obj.stat().st_size > 0
+
+
+HARNESS = r"""
+#include <cstdio>
+#include "common/mask_rule.cuh"
+// Prints, for an implicit mask, every listed (row, column, type) of the row view and of the column view.
+int main(int argc, char** argv) {
+  int q_len, kv_len, block_q, block_kv, window, kind;
+  while (std::scanf("%d %d %d %d %d %d", &q_len, &kv_len, &block_q, &block_kv, &window, &kind) == 6) {
+    OmniMask m{};
+    m.kind = kind; m.block_q = block_q; m.block_kv = block_kv; m.window = window;
+    const int num_q = (q_len + block_q - 1) / block_q, num_kv = (kv_len + block_kv - 1) / block_kv;
+    for (int qb = 0; qb < num_q; ++qb) {
+      const int qpos = qb * block_q + kv_len - q_len;
+      const omni::BlockSpan s = omni::implicit_row_span(m, qpos, kv_len);
+      for (int kb = s.first; kb < s.first + s.count; ++kb)
+        std::printf("r %d %d %d\n", qb, kb, omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
+    }
+    for (int kb = 0; kb < num_kv; ++kb) {
+      const omni::BlockSpan s = omni::implicit_column_span(m, kb, q_len, kv_len);
+      for (int qb = s.first; qb < s.first + s.count; ++qb) {
+        const int qpos = qb * block_q + kv_len - q_len;
+        std::printf("c %d %d %d\n", qb, kb, omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
+      }
+    }
+    std::printf("end\n");
+  }
+  return 0;
+}
+"""
+
+IMPLICIT_CASES = [(q, kv, bq, bk, w, kind)
+                  for q, kv in [(1, 1), (1, 300), (63, 700), (129, 129), (300, 300), (700, 300), (257, 1031)]
+                  for bq, bk in [(64, 64), (128, 128), (64, 128), (128, 64)]
+                  for w, kind in [(0, 1), (1, 1), (50, 1), (200, 1), (0, 2)]
+                  if not (kind == 1 and q > kv)]
+
+
+def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path):
+    """The row and column views the kernels derive for implicit masks, run on the host: every pair the rule
+    allows lies in a listed block, each block's type holds for every pair in it, and both views list the same
+    blocks as `OmniBlockMask.block_table` (what the reference and `describe` use)."""
+    needs()
+    source = tmp_path / "harness.cu"
+    source.write_text(HARNESS)
+    exe = tmp_path / "harness"
+    subprocess.run([build.find_nvcc(), "-std=c++17", f"-I{build.CSRC}", str(source), "-o", str(exe)], check=True)
+    lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
+    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
+    for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
+        q_len, kv_len, block_q, block_kv, window, kind = case
+        mask = (OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv, window=window or None)
+                if kind == 1 else OmniBlockMask.full(q_len, kv_len, block_q=block_q, block_kv=block_kv))
+        views = {"r": {}, "c": {}}
+        for entry in filter(None, block.split("\n")):
+            view, qb, kb, kind_ = entry.split()
+            views[view][int(qb), int(kb)] = int(kind_)
+        assert views["r"] == views["c"], case
+        table, _ = mask.block_table()
+        listed = {(qb, kb): int(t) for (qb, kb), t in zip(torch.nonzero(table[0, 0]).tolist(),
+                                                           table[0, 0][table[0, 0] != 0].tolist())}
+        assert views["r"] == listed, case
+        dense = mask.to_dense()[0, 0]
+        if kind == 1:
+            qpos = torch.arange(q_len)[:, None] + kv_len - q_len
+            expected = causal_dense(q_len, kv_len) & ((qpos - torch.arange(kv_len)[None]) < (window or kv_len + 1))
+            assert torch.equal(dense, expected), case
+        covered = torch.zeros(q_len, kv_len, dtype=torch.bool)
+        for (qb, kb), t in views["r"].items():
+            rows, cols = slice(qb * block_q, (qb + 1) * block_q), slice(kb * block_kv, (kb + 1) * block_kv)
+            covered[rows, cols] = True
+            tile = dense[rows, cols]
+            if t == 1:
+                assert tile.all(), (case, qb, kb)
+            elif t == 2:
+                assert torch.equal(tile, causal_dense(q_len, kv_len)[rows, cols]), (case, qb, kb)
+        assert not (dense & ~covered).any(), case

@@ -24,8 +24,10 @@ BLOCKS = ((128, 128), (64, 64), (64, 128), (128, 64))
 
 
 @pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    monkeypatch.setattr(_cuda, "poison_outputs", True)
+def poisoned_outputs():
+    _cuda.set_poison_outputs(True)
+    yield
+    _cuda.set_poison_outputs(False)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -49,7 +51,7 @@ def assert_matches_reference(q, k, v, mask, *, scale=None, softcap=None, ref_mas
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse = _cuda.forward(q, k, v, mask, scale, softcap)
     ref_out, ref_lse = reference.attention_forward(q, k, v, mask if ref_mask is None else ref_mask, scale, softcap)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == _cuda.output_strides(q)
     assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
     assert torch.isfinite(out).all(), "the kernel left NaN / inf in out"
     assert not torch.isnan(lse).any(), "the kernel left NaN in lse"
@@ -146,7 +148,7 @@ def test_token_rule_with_sliding_window(window):
 @pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 4100), (17, 17), (129, 129), (1000, 1000), (300, 4100),
                                           (4100, 4100), (128, 256)])
 def test_causal_lengths_and_bottom_right_alignment(q_len, kv_len):
-    mask = OmniBlockMask.causal(q_len, kv_len, device="cuda")
+    mask = OmniBlockMask.causal(q_len, kv_len)
     q, k, v = _qkv(1, 2, 1, q_len, kv_len, 128, torch.bfloat16, seed=q_len + kv_len)
     assert_matches_reference(q, k, v, mask)
 
@@ -161,12 +163,13 @@ def test_gqa_ratios(heads_q, heads_kv):
 
 @pytest.mark.parametrize("blocks", ((64, 64), (128, 128)))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_bshd_inputs_are_read_in_place(dtype, blocks):
+def test_strided_bshd_inputs_are_read_in_place_and_out_keeps_their_layout(dtype, blocks):
     doc, grp = packed_vlm_ids(2, 1100, seed=6)
     mask = OmniBlockMask.from_token_ids(doc, grp, block_q=blocks[0], block_kv=blocks[1])
     q, k, v = _qkv(2, 8, 2, 1100, 1100, 64, dtype, seed=6, bshd=True)
     assert not q.is_contiguous() and q.stride(-1) == 1
-    assert_matches_reference(q, k, v, mask)
+    out, _ = assert_matches_reference(q, k, v, mask)
+    assert out.transpose(1, 2).is_contiguous()  # Transformers' transpose back to [B, S, H, D] copies nothing
 
 
 @pytest.mark.parametrize("dim", (64, 128))
@@ -182,7 +185,7 @@ def test_kv_cache_slice_with_padded_stride():
     cache = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(7))
     k, v = cache[:, :1, :2500], cache[:, 1:, :2500]
     q = torch.randn(1, 4, 40, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(8))
-    assert_matches_reference(q, k, v, OmniBlockMask.causal(40, 2500, device="cuda"))
+    assert_matches_reference(q, k, v, OmniBlockMask.causal(40, 2500))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -228,21 +231,41 @@ def test_token_ids_broadcast_over_the_batch():
 
 
 def test_unsupported_head_dim_is_reported_and_the_library_names_the_check():
-    mask = OmniBlockMask.causal(64, device="cuda")
+    mask = OmniBlockMask.causal(64)
     q, k, v = _qkv(1, 1, 1, 64, 64, 96, torch.bfloat16, seed=14)
-    assert "head dim 96" in _cuda.unsupported_reason(q, k, v, mask)
+    assert "head dim 96" in _cuda.unsupported_reason(q, mask)
     with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=96"):
         _cuda.forward(q, k, v, mask, 0.1, None)
 
 
-def test_misaligned_stride_is_reported_and_rejected():
-    mask = OmniBlockMask.causal(64, device="cuda")
+def test_misaligned_inputs_are_copied_and_give_the_reference_result():
+    """16-byte loads cannot read an 8-byte offset or odd strides: the op copies such inputs first."""
+    mask = OmniBlockMask.causal(64)
     storage = torch.randn(1, 1, 64, 136, device="cuda", dtype=torch.float16, generator=_gen(15))
     q = storage[..., 4:132]  # 8-byte offset: not 16-byte aligned
-    k = v = storage[..., :128]
-    assert "not 16-byte aligned" in _cuda.unsupported_reason(q, k, v, mask)
-    with pytest.raises(RuntimeError, match="omni_fwd failed: pointer or stride"):
-        _cuda.forward(q, k, v, mask, 0.1, None)
+    k = storage[..., :128]
+    v = torch.randn(1, 1, 64 * 130, device="cuda", dtype=torch.float16, generator=_gen(16))[..., :64 * 129]
+    v = v.view(1, 1, 64, 129)[..., :128]  # rows of 129 elements: strides not multiples of 8
+    assert _cuda.unsupported_reason(q, mask) is None
+    assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("window", (None, 1, 100, 333))
+@pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 2049), (63, 700), (700, 700), (1500, 1500), (129, 4100)])
+@pytest.mark.parametrize("blocks", ((128, 128), (64, 64), (64, 128)))
+def test_implicit_causal_mask_with_windows_matches_reference(blocks, q_len, kv_len, window):
+    """Causal masks are implicit (no lists): the kernels derive every block, windows included."""
+    mask = OmniBlockMask.causal(q_len, kv_len, window=window, block_q=blocks[0], block_kv=blocks[1])
+    q, k, v = _qkv(2, 4, 2, q_len, kv_len, 128, torch.bfloat16, seed=q_len + kv_len + (window or 0))
+    assert_matches_reference(q, k, v, mask, ref_mask=mask.to_dense("cuda"))
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 2049), (700, 300), (1000, 1000), (129, 4100)])
+@pytest.mark.parametrize("dim", (64, 128))
+def test_implicit_full_mask_matches_reference(q_len, kv_len, dim):
+    mask = OmniBlockMask.full(q_len, kv_len)
+    q, k, v = _qkv(2, 4, 4, q_len, kv_len, dim, torch.float16, seed=q_len * 3 + kv_len)
+    assert_matches_reference(q, k, v, mask, ref_mask=torch.ones(q_len, kv_len, dtype=torch.bool, device="cuda"))
 
 
 def _forward_kernel_names(q, k, v, mask) -> list[str]:
@@ -253,7 +276,7 @@ def _forward_kernel_names(q, k, v, mask) -> list[str]:
 def test_hopper_kernel_runs_128_blocks_and_the_switch_turns_it_off(kernel_path):
     """The sm_90a kernel takes 128 x 128 blocks on Hopper; other block sizes and the switch fall back."""
     q, k, v = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=12)
-    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, device="cuda"))
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300))
     assert len(names) == 1 and ("sm90::" in names[0]) == (kernel_path == "sm90"), names
-    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=64, block_kv=64, device="cuda"))
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=64, block_kv=64))
     assert len(names) == 1 and "sm90::" not in names[0], names

@@ -19,21 +19,21 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include "bwd_run.cuh"
-#include "bwd_scores.cuh"
-#include "bwd_walk.cuh"
-#include "fragment.cuh"
-#include "omni_attention.h"
+#include "common/bwd_run.cuh"
+#include "common/bwd_scores.cuh"
+#include "common/bwd_walk.cuh"
+#include "common/fragment.cuh"
+#include "common/omni_attention.h"
 #include "sm90/bwd_dq.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/sync.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/token_mask.cuh"
 #include "sm90/wgmma.cuh"
-#include "softmax.cuh"
-#include "tile_aux.cuh"
-#include "tile_copy.cuh"
-#include "tile_mask.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_aux.cuh"
+#include "common/tile_copy.cuh"
+#include "common/tile_mask.cuh"
 
 namespace omni::sm90 {
 
@@ -108,8 +108,7 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, n_block * kBlockN, f.kv_len, lane);
   arrive_after_staging(&s.kv_full);
 
-  const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, n_block, f.q_len,
-                                      (n_block + 1) * kBlockN > f.kv_len);
+  const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, n_block, f.q_len, f.kv_len);
   bwd::WalkCursor cursor = walk.start();
   for (int t = 0;; ++t) {
     const int stage = t % Traits::kStages;

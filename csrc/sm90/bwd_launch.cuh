@@ -4,10 +4,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "dispatch.cuh"
+#include "common/dispatch.cuh"
+#include "common/launch.cuh"
 #include "sm90/bwd_api.cuh"
 #include "sm90/bwd_kernel.cuh"
-#include "status.cuh"
+#include "common/status.cuh"
 
 namespace omni::sm90 {
 
@@ -25,9 +26,7 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
       make_tma_load<Element, kHeadDim>(f.v, f.batch, f.heads_kv, f.kv_len, typename Traits::SmemLayoutK{})};
   auto kernel = bwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
-  if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                         "cudaFuncSetAttribute(sm90 bwd_kernel)"))
-    return s;
+  if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 bwd_kernel")) return s;
   const dim3 grid(f.heads_kv, f.batch, (f.kv_len + Traits::kBlockN - 1) / Traits::kBlockN);
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(f.stream)>>>(params);
   if (int s = check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch")) return s;

@@ -4,8 +4,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "bwd_run.cuh"
-#include "bwd_walk.cuh"
+#include "common/bwd_run.cuh"
+#include "common/bwd_walk.cuh"
 #include "sm90/reg_split.cuh"
 
 namespace omni::sm90 {

@@ -11,19 +11,19 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include "fragment.cuh"
-#include "kv_tiles.cuh"
-#include "omni_attention.h"
+#include "common/fragment.cuh"
+#include "common/kv_tiles.cuh"
+#include "common/omni_attention.h"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/softmax_deferred.cuh"
 #include "sm90/sync.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/token_mask.cuh"
 #include "sm90/wgmma.cuh"
-#include "softmax.cuh"
-#include "tile_aux.cuh"
-#include "tile_copy.cuh"
-#include "tile_mask.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_aux.cuh"
+#include "common/tile_copy.cuh"
+#include "common/tile_mask.cuh"
 
 namespace omni::sm90 {
 
@@ -82,7 +82,7 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     const int stage = t % Traits::kStages;
     const int free_phase = ((t / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
     Barrier::wait(&s.k_empty[stage], free_phase);
-    const KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m.kv, m.block_kv, t), t, m.block_kv, p.kv_len);
+    const KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qpos0, p.kv_len), t, m.block_kv, p.kv_len);
     const int n = tile.col0 / kBlockN;
     if (lane == 0) {
       s.tile[stage] = tile;
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   const int row0 = q_block * Traits::kBlockM;
   const int qpos0 = row0 + p.kv_len - p.q_len;  // bottom-right alignment
   const int h_kv = h / (p.heads_q / p.heads_kv);
-  const KvTileWalker<Traits::kBlockN> walker(p.mask.kv, b, p.mask.heads == 1 ? 0 : h, q_block);
+  const KvTileWalker<Traits::kBlockN> walker(p.mask, b, p.mask.heads == 1 ? 0 : h, q_block, qpos0, p.kv_len);
   const int n_tiles = walker.num_tiles(p.mask.block_kv);
 
   if (threadIdx.x == 0) {

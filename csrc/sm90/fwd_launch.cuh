@@ -3,10 +3,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "dispatch.cuh"
+#include "common/dispatch.cuh"
+#include "common/launch.cuh"
 #include "sm90/fwd_api.cuh"
 #include "sm90/fwd_kernel.cuh"
-#include "status.cuh"
+#include "common/status.cuh"
 
 namespace omni::sm90 {
 
@@ -21,9 +22,7 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
       make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{}))};
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
-  if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                         "cudaFuncSetAttribute(sm90 fwd_kernel)"))
-    return s;
+  if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;
   const dim3 grid(p.heads_q, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(params);
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");

@@ -4,7 +4,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "kv_tiles.cuh"
+#include "common/kv_tiles.cuh"
 #include "sm90/reg_split.cuh"
 
 namespace omni::sm90 {

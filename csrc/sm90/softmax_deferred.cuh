@@ -1,7 +1,7 @@
 // Online softmax whose output rescale is deferred: the scores of tile t are exponentiated while O still
 // accumulates P(t-1) V(t-1) on the tensor cores, and O is multiplied by the factors once that GEMM is done.
 #pragma once
-#include "softmax.cuh"
+#include "common/softmax.cuh"
 
 namespace omni::sm90 {
 

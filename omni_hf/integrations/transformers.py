@@ -10,14 +10,19 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
 1. an ``omni_block_mask`` kwarg (an `OmniBlockMask`), as is;
 2. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
    sliding window on the causal part;
-3. the spec. Recognised mask functions become the token rule (`OmniBlockMask.from_token_ids`: vectorised, on
-   the GPU, no host sync): causal and bidirectional ones with padding and caches; Transformers' own
+3. the spec. Plain causal, sliding-window and bidirectional attention over unpadded, bottom-right aligned keys
+   become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built; during generation an all-ones
+   padding mask counts as none, at one host sync per step as with sdpa). Other recognised mask functions become
+   the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no host sync): causal and
+   bidirectional ones with padding and caches; Transformers' own
    compositions of causal with packing (``position_ids`` that restart), sliding windows and chunks, whose
    document starts are read by evaluating the function on neighbouring positions; and causal with image
    blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)
    adds document starts. Anything else is evaluated tile by tile (`OmniBlockMask.from_mask_fn`: exact, but
    it syncs and breaks a compiled graph);
-4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers).
+4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit. Such an encoder
+   call runs bidirectional even when 1. or 2. are given: they describe the language model's tokens (Qwen2-VL
+   hands its vision tower the forward's kwargs).
 
 Positions are bottom-right aligned (query ``i`` at ``i + kv_len - q_len``). Static caches hand over their whole
 buffer, so their keys are rotated to end at the last filled slot, and unfilled slots are masked. Rows of
@@ -44,6 +49,7 @@ logger = logging.get_logger(__name__)
 _AND_CODE = masking_utils.and_masks().__code__
 _OR_CODE = masking_utils.or_masks().__code__
 _BLOCKWISE_CODE = masking_utils.blockwise_overlay(None).__code__
+_SLIDING_CODE = masking_utils.sliding_window_overlay(1).__code__
 
 
 def register() -> None:
@@ -121,6 +127,8 @@ def omni_mask(
     if isinstance(q_offset, torch.Tensor):
         q_offset = q_offset.clone()  # a static cache advances its tensor in place before the layers attend
     padding = None if attention_mask is None else _key_slice(attention_mask.bool(), kv_offset, kv_length, fill=False)
+    if padding is not None and _generating(q_offset, kv_offset) and bool(padding.all()):
+        padding = None  # unpadded generation: one host sync per step, as sdpa's, keeps the mask implicit
     plain_causal = not use_vmap and "allow_is_bidirectional_skip" not in kwargs
     return OmniMaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, padding, local_size,
                         plain_causal)
@@ -172,6 +180,9 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
                 kwargs) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """The layer's block mask and, for a static cache, the key order it assumes (see the module docstring)."""
     q_len, kv_len, device = query.shape[2], key.shape[2], query.device
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
+        return _no_mask(q_len, kv_len, False, sliding_window), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
         return _once(mask, ("block", device), lambda: (block_mask.to(device, non_blocking=True), None))
     doc_ids, group_ids = kwargs.get("omni_doc_ids"), kwargs.get("omni_group_ids")
@@ -184,8 +195,7 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     if isinstance(mask, OmniMaskSpec):
         return _once(mask, ("spec", device), lambda: _from_spec(mask, device, kwargs.get("cu_seq_lens_k")))
     if mask is None:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-        return _no_mask(q_len, kv_len, device, causal, sliding_window), None
+        return _no_mask(q_len, kv_len, True, sliding_window), None
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return OmniBlockMask.from_dense(mask.to(device)), None
     raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
@@ -204,6 +214,8 @@ def _once(spec, key, build: Callable):
 def _from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """The spec's block mask (token rule where its function is recognised, else tile by tile) and key order."""
     segments = None if cu_seq_lens_k is None else _cu_segments(cu_seq_lens_k, spec, device)
+    if segments is None and (implicit := _implicit_mask(spec)) is not None:
+        return implicit, None
     rule = _token_rule(spec, device)
     if rule is None:
         return _tile_by_tile(spec, device, segments), None
@@ -220,6 +232,32 @@ def _from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask
     if order is not None:
         doc, grp = doc[:, order], None if grp is None else grp[:, order]
     return OmniBlockMask.from_token_ids(doc, grp, q_len=spec.q_len, window=window), order
+
+
+def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
+    """The spec as an implicit mask (nothing to build) where it is plain causal or bidirectional attention over
+    keys that are all real and already bottom-right aligned; else None."""
+    filled = spec.q_offset + spec.q_len - spec.kv_offset
+    if spec.padding_mask is not None or not isinstance(filled, int) or filled != spec.kv_len:
+        return None
+    if spec.mask_function is causal_mask_function:
+        return OmniBlockMask.causal(spec.q_len, spec.kv_len)
+    if spec.mask_function is bidirectional_mask_function and spec.q_len == spec.kv_len:
+        return OmniBlockMask.full(spec.q_len, spec.kv_len)
+    window = _sliding_window(spec.mask_function)
+    return None if window is None else OmniBlockMask.causal(spec.q_len, spec.kv_len, window=window)
+
+
+def _sliding_window(fn: Callable) -> int | None:
+    """The window of Transformers' ``sliding_window_causal_mask_function(window)`` (causal and a sliding overlay,
+    nothing else: no packing), read from its closures; None for any other function, and while compiling."""
+    if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(fn)["mask_functions"]
+    overlays = [part for part in parts if part is not causal_mask_function]
+    if len(parts) != 2 or len(overlays) != 1 or getattr(overlays[0], "__code__", None) is not _SLIDING_CODE:
+        return None
+    return _closure(overlays[0])["sliding_window"]
 
 
 def _token_rule(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Tensor | None, int | None] | None:
@@ -245,6 +283,11 @@ def _token_rule(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Tensor 
     if block_ids is not None:
         return first, _key_slice(block_ids, spec.kv_offset, spec.kv_len, fill=-1), None
     return None
+
+
+def _generating(q_offset: int | torch.Tensor, kv_offset: int) -> bool:
+    """An eager call with a cache (queries after position 0): the decoding loop, which syncs every step anyway."""
+    return isinstance(q_offset, int) and q_offset + kv_offset > 0 and not torch.compiler.is_compiling()
 
 
 def _probe_starts(spec: OmniMaskSpec, device) -> torch.Tensor:
@@ -315,11 +358,6 @@ def _tile_by_tile(spec: OmniMaskSpec, device, segments: torch.Tensor | None) -> 
     return OmniBlockMask.from_mask_fn(mask_mod, spec.q_len, spec.kv_len, batch=spec.batch_size, device=device)
 
 
-def _no_mask(q_len: int, kv_len: int, device, causal: bool, window: int | None) -> OmniBlockMask:
-    """Causal attention (bottom-right aligned), or full attention for encoders."""
-    if causal:
-        return OmniBlockMask.causal(q_len, kv_len, window=window, device=device)
-    if q_len > kv_len:
-        return OmniBlockMask.from_mask_fn(lambda b, h, q, kv: q >= 0, q_len, kv_len, device=device)
-    zeros = torch.zeros(1, kv_len, dtype=torch.int32, device=device)
-    return OmniBlockMask.from_token_ids(zeros, zeros, q_len=q_len)
+def _no_mask(q_len: int, kv_len: int, causal: bool, window: int | None) -> OmniBlockMask:
+    """Causal attention (bottom-right aligned), or full attention for encoders: implicit masks, nothing built."""
+    return OmniBlockMask.causal(q_len, kv_len, window=window) if causal else OmniBlockMask.full(q_len, kv_len)

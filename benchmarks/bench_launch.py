@@ -1,0 +1,148 @@
+"""Host cost of a call: what omni spends on the CPU per forward and per forward+backward, and per mask build.
+
+    python benchmarks/bench_launch.py [--calls 2000] [--out DIR]
+
+For each case (a prebuilt mask; inputs on the GPU):
+- ``host us``: CPU time per call, from `calls` back-to-back calls with no sync (the GPU runs behind, so this is
+  the time the call keeps the CPU, i.e. wall time minus kernel time when the kernel is shorter);
+- ``gpu us``: the kernels' own time, CUDA events around the same calls replayed from a CUDA graph (no launch gaps);
+- ``wall us``: one call and a sync, median (what a lone call costs end to end).
+Cases: decode (q 1 x 16 heads, kv 2048 x 4 heads, D 128, bf16, causal), the small training shapes (B 1, H 8, D 64,
+fp16, S 512 / 2048) with an implicit causal mask and a token-rule VLM mask, forward and forward+backward. Then the
+mask builders per call: `OmniBlockMask.causal`, `OmniBlockMask.full` and `from_token_ids` on the GPU. A table is
+printed last; JSON goes to ``--out`` (default $OUT, else benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks import layouts  # noqa: E402
+from omni_hf import OmniBlockMask, omni_attention  # noqa: E402
+
+
+def host_us(fn, calls: int) -> float:
+    """CPU microseconds per call of ``fn`` over ``calls`` calls without a sync (after a synced warm-up)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def wall_us(fn, calls: int) -> float:
+    """Median microseconds of one call followed by a sync."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def gpu_us(fn, calls: int) -> float:
+    """Microseconds of device time per call: ``calls`` calls captured in one CUDA graph, replayed, events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def attention_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int, dim: int,
+                   dtype: torch.dtype, mask: OmniBlockMask, calls: int) -> list[dict]:
+    """Forward (inference) and forward+backward rows of one shape and mask."""
+    gen = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(batch, heads_q, q_len, dim, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(batch, heads_kv, kv_len, dim, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def forward():
+        with torch.no_grad():
+            omni_attention(q, k, v, mask)
+
+    def forward_backward():
+        omni_attention(*leaves, mask).backward(dout)
+
+    rows = []
+    for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+        row = {"case": name, "mode": mode, "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300))}
+        row["gpu_us"] = gpu_us(fn, 50) if mode == "fwd" else gpu_us_backward(leaves, mask, dout)
+        rows.append(row)
+    return rows
+
+
+def gpu_us_backward(leaves, mask, dout) -> float:
+    """Device time of forward+backward, replayed from a graph that captures the whole step."""
+    def step():
+        out = omni_attention(*leaves, mask)
+        torch.autograd.grad(out, leaves, dout)
+
+    return gpu_us(step, 20)
+
+
+def build_case(name: str, fn, calls: int) -> dict:
+    return {"case": name, "mode": "mask build", "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300)),
+            "gpu_us": float("nan")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
+    args = parser.parse_args(argv)
+    calls = args.calls
+    rows = attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
+                          OmniBlockMask.causal(1, 2048), calls)
+    for seq_len in (512, 2048):
+        rows += attention_case(f"small S{seq_len} H8 D64 causal", 1, 8, 8, seq_len, seq_len, 64, torch.float16,
+                               OmniBlockMask.causal(seq_len), calls)
+        vlm = layouts.build("vlm", seq_len).omni_mask(128, "cuda")
+        rows += attention_case(f"small S{seq_len} H8 D64 vlm", 1, 8, 8, seq_len, seq_len, 64, torch.float16, vlm,
+                               calls)
+    doc, grp = layouts.build("vlm", 2048).token_ids("cuda")
+    rows += [build_case("OmniBlockMask.causal(1, 2048)", lambda: OmniBlockMask.causal(1, 2048), calls),
+             build_case("OmniBlockMask.full(1024)", lambda: OmniBlockMask.full(1024), calls),
+             build_case("from_token_ids vlm 2048 (cuda)", lambda: OmniBlockMask.from_token_ids(doc, grp), calls)]
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": calls,
+            "command": "python benchmarks/bench_launch.py " + " ".join(argv or sys.argv[1:])}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "launch.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"{meta['device']}, torch {meta['torch']}")
+    print(f"| case | mode | host us | gpu us | wall us |\n|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['case']} | {row['mode']} | {row['host_us']:.1f} | {row['gpu_us']:.1f} | {row['wall_us']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

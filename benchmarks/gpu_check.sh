@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU session's checks, logs under $OUT (default benchmarks/results/gpu_check): the library loads with this
+# torch, the GPU tests pass, compute-sanitizer finds nothing on small cases, and (optionally) benchmarks run.
+#
+#   OMNI_HF_CUDA_LIB=/path/libomni_hf_cuda.so bash benchmarks/gpu_check.sh [tests|sanitize|launch|decode|suite]...
+#
+# With no step named it runs tests, sanitize and launch. Each step's log is $OUT/<step>.log; the script stops at
+# the first failing step. OMNI_HF_TESTS overrides the test files of the tests step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize launch)
+
+python3 - <<'EOF' 2>&1 | tee "$OUT/environment.log" || exit 1
+import torch, transformers
+from omni_hf import _cuda
+print(torch.cuda.get_device_name(), "torch", torch.__version__, "transformers", transformers.__version__)
+print("library", _cuda.library_path(), "available", _cuda.available(), _cuda._load_error())
+assert _cuda.available()
+EOF
+
+run() {  # run STEP COMMAND...: log to $OUT/STEP.log, stop on failure
+  local step=$1; shift
+  echo "== $step: $*"
+  local start=$SECONDS
+  "$@" > "$OUT/$step.log" 2>&1
+  local status=$?
+  tail -n 25 "$OUT/$step.log"
+  echo "== $step: exit $status after $((SECONDS - start)) s"
+  [ $status -eq 0 ] || exit $status
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    tests) run tests python3 -m pytest -q --maxfail=5 -p no:cacheprovider ${OMNI_HF_TESTS:-tests/test_cuda_forward.py \
+             tests/test_cuda_backward.py tests/test_cuda_graphs.py tests/test_cuda_differential.py tests/test_mask.py \
+             tests/test_ops.py tests/test_transformers_integration.py} ;;
+    sanitize) run sanitize bash -c 'for tool in memcheck racecheck; do
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/test_cuda_backward.py || exit 1
+               done' ;;
+    launch) run launch python3 benchmarks/bench_launch.py --out "$OUT" ;;
+    decode) run decode python3 benchmarks/bench_decode.py --out "$OUT" ;;
+    suite) run suite python3 -m benchmarks.run --shapes small --out "$OUT" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

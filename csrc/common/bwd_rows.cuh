@@ -1,0 +1,84 @@
+// The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
+// base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
+// Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
+// by kHeadDim / 8 consecutive lanes.
+#pragma once
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "common/bwd_run.cuh"
+
+namespace omni::bwd {
+
+constexpr int kRowThreads = 256;
+
+template <int kHeadDim>
+struct RowLanes {
+  static constexpr int kVec = 8;                              // elements per 16-byte vector of fp16 / bf16
+  static constexpr int kPerRow = kHeadDim / kVec;             // lanes sharing a row (8 or 16)
+  static constexpr int kRowsPerPass = kRowThreads / kPerRow;  // rows a CTA covers per pass
+  static_assert(32 % kPerRow == 0, "a row's lanes stay inside one warp");
+};
+
+// grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
+// for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __grid_constant__ OmniBwdParams p,
+                                                                    const Workspace ws) {
+  using Lanes = RowLanes<kHeadDim>;
+  using Vec = cutlass::Array<Element, Lanes::kVec>;
+  const OmniFwdParams& f = p.fwd;
+  const int bh = blockIdx.x;
+  const int b = bh / f.heads_q, h = bh % f.heads_q;
+  const int col = (threadIdx.x % Lanes::kPerRow) * Lanes::kVec;
+  cutlass::NumericArrayConverter<float, Element, Lanes::kVec> to_float;
+  for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
+    const int i = blockIdx.y * kRowTile + r;
+    float dot = 0.f;
+    if (i < f.q_len) {
+      const auto dout = to_float(*reinterpret_cast<const Vec*>(
+          static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b + h * p.dout.stride_h + i * p.dout.stride_s + col));
+      const auto out = to_float(*reinterpret_cast<const Vec*>(
+          static_cast<const Element*>(f.out.ptr) + b * f.out.stride_b + h * f.out.stride_h + i * f.out.stride_s + col));
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < Lanes::kVec; ++e) dot += dout[e] * out[e];
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int lane = Lanes::kPerRow / 2; lane > 0; lane /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lane);
+    const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
+    float4* acc = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + col);
+    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (col == 0) {
+      const float lse = i < f.q_len ? f.lse[static_cast<int64_t>(bh) * f.q_len + i] : -INFINITY;
+      ws.dsum[row] = dot;
+      ws.lse2[row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+  }
+}
+
+// grid (B * Hq, q_pad / 64): dq[b, h, i, :] = Element(scale * dq_accum[row, :]) for i < q_len, with the
+// strides of dq.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __grid_constant__ OmniBwdParams p,
+                                                                    const Workspace ws) {
+  using Lanes = RowLanes<kHeadDim>;
+  const int bh = blockIdx.x;
+  const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
+  const int col = (threadIdx.x % Lanes::kPerRow) * Lanes::kVec;
+  cutlass::NumericArrayConverter<Element, float, Lanes::kVec> to_element;
+  for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
+    const int i = blockIdx.y * kRowTile + r;
+    if (i >= p.fwd.q_len) break;
+    const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
+    cutlass::Array<float, Lanes::kVec> acc = *reinterpret_cast<const cutlass::Array<float, Lanes::kVec>*>(
+        ws.dq_accum + row * kHeadDim + col);
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < Lanes::kVec; ++e) acc[e] *= p.fwd.scale;
+    *reinterpret_cast<cutlass::Array<Element, Lanes::kVec>*>(static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b +
+                                                             h * p.dq.stride_h + i * p.dq.stride_s + col) =
+        to_element(acc);
+  }
+}
+
+}  // namespace omni::bwd

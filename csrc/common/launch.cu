@@ -1,0 +1,30 @@
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "common/launch.cuh"
+#include "common/status.cuh"
+
+namespace omni {
+
+int allow_dynamic_smem(const void* kernel, int bytes, const char* name) {
+  int device = 0;
+  if (int s = check_cuda(cudaGetDevice(&device), "cudaGetDevice")) return s;
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> allowed;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (allowed.count({kernel, device})) return OMNI_OK;
+  int max_bytes = 0;
+  if (int s = check_cuda(cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                         "cudaDeviceGetAttribute"))
+    return s;
+  if (bytes > max_bytes)
+    return fail(OMNI_ERR_ARCH, "%s needs %d bytes of shared memory per block; device %d allows %d", name, bytes, device,
+                max_bytes);
+  if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), name))
+    return s;
+  allowed.insert({kernel, device});
+  return OMNI_OK;
+}
+
+}  // namespace omni

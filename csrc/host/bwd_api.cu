@@ -1,0 +1,67 @@
+// omni_bwd and omni_bwd_workspace_bytes: validate the params, carve the workspace and dispatch to the
+// instantiation of dtype x head dim x block_kv (inst/bwd_<dtype>_hdim<D>.cu).
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+
+#include "common/bwd_run.cuh"
+#include "common/dispatch.cuh"
+#include "common/params_check.cuh"
+#include "common/status.cuh"
+
+namespace omni::bwd {
+namespace {
+
+constexpr int64_t kMaxGridY = 65535;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int check_bwd_params(const OmniBwdParams& p) {
+  const OmniFwdParams& f = p.fwd;
+  if (int s = check_call_params(f)) return s;
+  if (f.head_dim != 64 && f.head_dim != 128)
+    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the backward is built for 64 and 128", f.head_dim);
+  if (int s = check_tensor(p.dout, "dout")) return s;
+  if (int s = check_tensor(p.dq, "dq")) return s;
+  if (int s = check_tensor(p.dk, "dk")) return s;
+  if (int s = check_tensor(p.dv, "dv")) return s;
+  if (f.mask.kind == OMNI_MASK_BLOCKS) {
+    if (int s = check_list(f.mask.q, static_cast<int>(ceil_div(f.kv_len, f.mask.block_kv)), "q")) return s;
+  }
+  if (ceil_div(f.kv_len, f.mask.block_kv) > kMaxGridY || ceil_div(f.q_len, kRowTile) > kMaxGridY)
+    return fail(OMNI_ERR_SHAPE, "kv_len=%d or q_len=%d exceeds the backward's grid limit (%lld tiles)", f.kv_len,
+                f.q_len, static_cast<long long>(kMaxGridY));
+  const size_t need = workspace_bytes(f);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
+    return fail(OMNI_ERR_WORKSPACE, "workspace of %zu bytes at %p; the backward needs %zu", p.workspace_bytes,
+                p.workspace, need);
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return fail(OMNI_ERR_WORKSPACE, "workspace pointer %p is not 16-byte aligned", p.workspace);
+  return OMNI_OK;
+}
+
+template <typename Element>
+int run_dtype(const OmniBwdParams& p, const Workspace& ws) {
+  return dispatch_block(p.fwd.mask.block_kv, [&](auto block_kv) {
+    return p.fwd.head_dim == 64 ? run_bwd<Element, 64, block_kv()>(p, ws) : run_bwd<Element, 128, block_kv()>(p, ws);
+  });
+}
+
+}  // namespace
+}  // namespace omni::bwd
+
+extern "C" size_t omni_bwd_workspace_bytes(const OmniBwdParams* params) {
+  return params == nullptr ? 0 : omni::bwd::workspace_bytes(params->fwd);
+}
+
+extern "C" int omni_bwd(const OmniBwdParams* params) {
+  using namespace omni;
+  clear_error();
+  if (params == nullptr) return fail(OMNI_ERR_SHAPE, "params is NULL");
+  const OmniBwdParams& p = *params;
+  if (int s = bwd::check_bwd_params(p)) return s;
+  if (int s = check_device()) return s;
+  if (p.fwd.batch == 0) return OMNI_OK;
+  const bwd::Workspace ws = bwd::carve_workspace(p.workspace, p.fwd);
+  return p.fwd.dtype == OMNI_BF16 ? bwd::run_dtype<cutlass::bfloat16_t>(p, ws) : bwd::run_dtype<cutlass::half_t>(p, ws);
+}

@@ -1,0 +1,198 @@
+// The sm_80 forward: one CTA per (query tile = mask Q block, head, batch) walks only the active key tiles of
+// its block row. Per tile (FlashAttention-2 order, single K and V buffers):
+//   wait K(t) | issue V(t) | PARTIAL: rule -> bits | S = Q K^T | softcap, mask by kind | wait V(t) |
+//   issue K(t+1) + its mask data | online softmax | O += P V
+// so the next K loads during the softmax and P.V, and V(t) during Q.K^T. Loop-carried scalars are kept few:
+// pointers come from the __grid_constant__ params and per-thread partitions are rebuilt from
+// fresh_thread_idx() inside the loop, so the accumulators keep the registers (thread_index.cuh).
+#pragma once
+#include <cute/tensor.hpp>
+
+#include "common/fragment.cuh"
+#include "sm80/kernel_traits.cuh"
+#include "common/kv_tiles.cuh"
+#include "sm80/mma.cuh"
+#include "common/omni_attention.h"
+#include "common/softmax.cuh"
+#include "sm80/thread_index.cuh"
+#include "common/tile_aux.cuh"
+#include "common/tile_copy.cuh"
+#include "common/tile_mask.cuh"
+
+namespace omni {
+
+using namespace cute;
+
+// A [kRows, kHeadDim] view of tensor t at (b, h), starting at row `row0`.
+template <typename Element, int kRows, int kHeadDim>
+__forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int row0) {
+  Element* ptr = static_cast<Element*>(t.ptr) + b * t.stride_b + h * t.stride_h + int64_t(row0) * t.stride_s;
+  return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(t.stride_s, _1{}));
+}
+
+// Stages what the rule of a PARTIAL tile reads (its columns' token ids or its pool rows) into s_aux.
+template <class Traits>
+__forceinline__ __device__ void stage_tile_aux(int* s_aux, const KvTile& tile, const OmniFwdParams& p, int b,
+                                               int tid) {
+  const OmniMask& m = p.mask;
+  if (tile.kind == kTileToken) {
+    stage_token_ids<Traits::kBlockN, Traits::kNThreads>(s_aux, batch_ids(m.doc_ids, m.ids_stride_b, b),
+                                                        batch_ids(m.group_ids, m.ids_stride_b, b), tile.col0,
+                                                        p.kv_len, tid);
+  } else if (tile.kind == kTilePool) {
+    stage_pool_rows<Traits::kBlockM, Traits::kPoolWords, Traits::kNThreads>(s_aux, m, tile.pool,
+                                                                            tile.col0 & (m.block_kv - 1), tid);
+  }
+}
+
+// Evaluates the rule of a PARTIAL tile into bits (one per score fragment element) from the staged data.
+template <class Traits, class Bits, class TC>
+__forceinline__ __device__ void partial_tile_bits(Bits& bits, const TC& c, const KvTile& tile, const OmniFwdParams& p,
+                                                  int qpos0, const int* s_q_ids, const int* s_aux) {
+  if (tile.kind == kTileToken) {
+    token_bits<Traits::kBlockM, Traits::kBlockN>(bits, c, s_q_ids, s_aux, qpos0, tile.col0, p.mask.window);
+  } else if (tile.kind == kTilePool) {
+    pool_bits(bits, c, staged_pool_view<Traits::kBlockM, Traits::kPoolWords>(s_aux), p.kv_len - tile.col0);
+  }
+}
+
+// Masks the score fragment s by tile kind; FULL tiles do nothing, PARTIAL tiles apply their bits.
+template <class TS, class TC, class Bits>
+__forceinline__ __device__ void mask_tile(TS& s, const TC& c, const KvTile& tile, const Bits& bits,
+                                          const OmniFwdParams& p, int qpos0) {
+  switch (tile.kind) {
+    case kTileFull: break;
+    case kTileColLimit: mask_col_limit(s, c, p.kv_len - tile.col0); break;
+    case kTileCausal: mask_causal(s, c, qpos0, tile.col0); break;
+    default: bits.apply(s); break;
+  }
+}
+
+template <class Traits, bool kSoftcap>
+__global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_constant__ OmniFwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kNThreads = Traits::kNThreads;
+  using Walker = KvTileWalker<kBlockN>;
+
+  extern __shared__ __align__(1024) char smem[];
+  const int tid = threadIdx.x;
+  const int h = blockIdx.x;
+  const int q_block = gridDim.y - 1 - blockIdx.y;  // later query blocks see more keys: launch them first
+  const int b = blockIdx.z;
+  const int row0 = q_block * kBlockM;
+  const int qpos0 = row0 + p.kv_len - p.q_len;  // bottom-right alignment
+  const int h_kv = h / (p.heads_q / p.heads_kv);
+
+  const Walker walker(p.mask, b, p.mask.heads == 1 ? 0 : h, q_block, qpos0, p.kv_len);
+  const int n_tiles = walker.num_tiles(p.mask.block_kv);
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+  Tensor sVtPlain = make_tensor(sV.data(), typename Traits::SmemLayoutVtPlain{});
+  int* s_q_ids = reinterpret_cast<int*>(smem + Traits::kSmemQIdsOffset);
+  int* s_aux = reinterpret_cast<int*>(smem + Traits::kSmemAuxOffset);
+
+  // gmem -> smem copies of kRows-row tiles, rows past the ends zero-filled (tile_copy.cuh).
+  typename Traits::GmemTiledLoad load_op;
+  auto load_tile = [&](auto rows, const OmniTensor& src, int h_src, int row_start, int row_end, auto& dst) {
+    constexpr int kRows = decltype(rows)::value;
+    auto thr = load_op.get_thread_slice(fresh_thread_idx());
+    auto g = gmem_tile<Element, kRows, kHeadDim>(src, b, h_src, row_start);
+    load_rows<kRows>(load_op, thr.partition_S(g), thr.partition_D(dst),
+                     thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{})), row_end - row_start);
+  };
+  auto load_kv = [&](const OmniTensor& src, auto& dst, int col0) {
+    load_tile(Int<kBlockN>{}, src, h_kv, col0, p.kv_len, dst);
+  };
+
+  // MMA fragments; the ldmatrix partitions of smem and the score coordinates are rebuilt per use.
+  typename Traits::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtPlain);
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc_o);
+  const auto cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  auto score_coords = [&] { return mma.get_thread_slice(fresh_thread_idx()).partition_C(cS); };
+  auto copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma);
+  auto copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma);
+  auto copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
+  auto ldsm_src = [](const auto& copy_op, const auto& s) {
+    return copy_op.get_thread_slice(fresh_thread_idx()).partition_S(s);
+  };
+
+  // Prologue: Q, the rows' token ids, the first K tile and its mask data.
+  KvTile tile{};
+  KvEntry next_entry{};
+  if (n_tiles > 0) {
+    load_tile(Int<kBlockM>{}, p.q, h, row0, p.q_len, sQ);
+    stage_token_ids<kBlockM, kNThreads>(s_q_ids, batch_ids(p.mask.doc_ids, p.mask.ids_stride_b, b),
+                                        batch_ids(p.mask.group_ids, p.mask.ids_stride_b, b), qpos0, p.kv_len, tid);
+    tile = Walker::decode(walker.fetch(p.mask, 0, qpos0, p.kv_len), 0, p.mask.block_kv, p.kv_len);
+    load_kv(p.k, sK, tile.col0);
+    stage_tile_aux<Traits>(s_aux, tile, p, b, tid);
+    cp_async_fence();
+    if (n_tiles > 1) next_entry = walker.fetch(p.mask, 1, qpos0, p.kv_len);
+  }
+
+  const float scale_log2 = softmax_scale_log2(p, kSoftcap);
+  OnlineSoftmax<decltype(size<0>(rowcol(acc_o)))::value> softmax;
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait<0>();
+    __syncthreads();  // K(t) and its mask data visible; every warp done with V(t-1)
+    load_kv(p.v, sV, tile.col0);
+    cp_async_fence();
+
+    FragmentBits<decltype(size(score_coords()))::value> bits;
+    partial_tile_bits<Traits>(bits, score_coords(), tile, p, qpos0, s_q_ids, s_aux);
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    gemm_ss(acc_s, tSrQ, tSrK, ldsm_src(copy_q, sQ), ldsm_src(copy_k, sK), mma, copy_q, copy_k);
+    if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
+    mask_tile(acc_s, score_coords(), tile, bits, p, qpos0);
+
+    cp_async_wait<0>();
+    __syncthreads();  // V(t) visible; every warp done with K(t) and the mask data of tile t
+    if (t + 1 < n_tiles) {
+      tile = Walker::decode(next_entry, t + 1, p.mask.block_kv, p.kv_len);
+      load_kv(p.k, sK, tile.col0);
+      stage_tile_aux<Traits>(s_aux, tile, p, b, fresh_thread_idx());
+      cp_async_fence();
+      if (t + 2 < n_tiles) next_entry = walker.fetch(p.mask, t + 2, qpos0, p.kv_len);
+    }
+
+    auto s_rc = rowcol(acc_s);
+    auto o_rc = rowcol(acc_o);
+    softmax.update(s_rc, o_rc, scale_log2);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
+    gemm_rs(acc_o, tOrP, tOrVt, ldsm_src(copy_v, sVt), mma, copy_v);
+  }
+
+  // Epilogue: normalise, stage O through smem (reusing Q's space), store 16-byte rows and the LSE.
+  float lse[decltype(size<0>(rowcol(acc_o)))::value];
+  auto o_rc = rowcol(acc_o);
+  softmax.finalize(o_rc, scale_log2, lse);
+  Tensor rO = convert_fragment<Element>(acc_o);
+  auto copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomAcc{}, mma);
+  cp_async_wait<0>();
+  __syncthreads();  // nobody reads Q any more
+  copy(copy_o, retile(copy_o, rO), copy_o.get_thread_slice(tid).partition_D(sQ));
+  __syncthreads();
+  typename Traits::GmemTiledStore store_op;
+  auto store_thr = store_op.get_thread_slice(tid);
+  auto gO = gmem_tile<Element, kBlockM, kHeadDim>(p.out, b, h, row0);
+  store_rows(store_op, store_thr.partition_S(sQ), store_thr.partition_D(gO),
+             store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})), p.q_len - row0);
+
+  auto c_rc = rowcol(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
+  store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);
+}
+
+}  // namespace omni

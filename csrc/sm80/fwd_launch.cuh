@@ -1,0 +1,40 @@
+// Host launcher of the sm_80 forward for one (dtype, head dim): picks the tile configuration from the mask's
+// block sizes and launches. Included only by the instantiation files in inst/.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/dispatch.cuh"
+#include "common/launch.cuh"
+#include "sm80/fwd_api.cuh"
+#include "sm80/fwd_kernel.cuh"
+#include "common/status.cuh"
+
+namespace omni {
+
+// 128 x 64 tiles with 4 warps: each warp owns 32 query rows, so every K fragment read from smem feeds two
+// MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers.
+constexpr int kFwdBlockN = 64;
+constexpr int kFwdWarps = 4;
+
+template <class Traits, bool kSoftcap>
+int launch_fwd_kernel(const OmniFwdParams& p) {
+  auto kernel = fwd_kernel<Traits, kSoftcap>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (kSmem > 48 * 1024) {
+    if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "fwd_kernel")) return s;
+  }
+  const dim3 grid(p.heads_q, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
+  kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
+  return check_cuda(cudaGetLastError(), "fwd_kernel launch");
+}
+
+template <typename Element, int kHeadDim>
+int run_fwd(const OmniFwdParams& p) {
+  return dispatch_block(p.mask.block_q, [&](auto block_m) {
+    return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
+      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps>, softcap()>(p);
+    });
+  });
+}
+
+}  // namespace omni

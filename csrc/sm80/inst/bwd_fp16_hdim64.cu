@@ -1,0 +1,5 @@
+// Backward instantiations: fp16, head dim 64, block_kv 64 and 128.
+#include "sm80/bwd_launch.cuh"
+
+template int omni::bwd::run_bwd<cutlass::half_t, 64, 64>(const OmniBwdParams&, const omni::bwd::Workspace&);
+template int omni::bwd::run_bwd<cutlass::half_t, 64, 128>(const OmniBwdParams&, const omni::bwd::Workspace&);
