@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 MODES = ("fwd", "fwd_bwd")
-PEER_ORDER = ("omni b64", "omni b128", "omni b128 sm80", "flex", "sdpa-fa2", "sdpa-cudnn", "sdpa-eff", "sdpa-eff+mask",
-              "sdpa-cudnn+mask", "eager")
+PEER_ORDER = ("omni b64", "omni b128", "omni b128 sm80", "flex", "flex-flash", "sdpa-fa2", "sdpa-cudnn", "sdpa-eff",
+              "sdpa-eff+mask", "sdpa-cudnn+mask", "eager")
 
 
 def write_json(path: Path, result: dict) -> Path:
@@ -37,11 +37,11 @@ def merge(results: list[dict]) -> dict:
     return {"meta": results[0]["meta"], "cases": [case for r in results for case in r["cases"]]}
 
 
-def speedup_vs_flex(case: dict, peer: str, mode: str) -> float | None:
-    """Flex's median time over ``peer``'s for one case and mode; None when either did not run."""
+def speedup_vs_flex(case: dict, peer: str, mode: str, base: str = "flex") -> float | None:
+    """``base``'s (Flex's) median time over ``peer``'s for one case and mode; None when either did not run."""
     times = {row["peer"]: row.get(mode, {}).get("ms") for row in case["rows"]}
-    if times.get("flex") and times.get(peer):
-        return times["flex"] / times[peer]
+    if times.get(base) and times.get(peer):
+        return times[base] / times[peer]
     return None
 
 
@@ -76,10 +76,12 @@ def _shape_title(case: dict) -> str:
 
 def speed_table(cases: list[dict], markdown: bool = False) -> str:
     """TFLOP/s (over allowed pairs) of every peer, forward | forward+backward, and omni's speedup over
-    flex (each omni block size), one line per mask and length."""
+    flex (each omni block size) and, where it ran, over flex-flash, one line per mask and length."""
     peers = peers_in(cases)
     omnis = [p for p in peers if p.startswith("omni")]
-    header = ["mask", "S", "density"] + peers + [f"{p.removeprefix('omni ')}÷flex" for p in omnis]
+    bases = ["flex"] + (["flex-flash"] if "flex-flash" in peers else [])
+    speedups = [(p, base) for base in bases for p in omnis]
+    header = ["mask", "S", "density"] + peers + [f"{p.removeprefix('omni ')}÷{base}" for p, base in speedups]
     lines = []
     for case in cases:
         rows = {row["peer"]: row for row in case["rows"]}
@@ -87,8 +89,9 @@ def speed_table(cases: list[dict], markdown: bool = False) -> str:
         for peer in peers:
             row = rows.get(peer)
             cells.append("/".join(cell(row.get(mode) if row else None, "tflops", ".0f") for mode in MODES))
-        for peer in omnis:
-            cells.append("/".join(f"{s:.2f}" if (s := speedup_vs_flex(case, peer, mode)) else "-" for mode in MODES))
+        for peer, base in speedups:
+            cells.append("/".join(f"{s:.2f}" if (s := speedup_vs_flex(case, peer, mode, base)) else "-"
+                                  for mode in MODES))
         lines.append(cells)
     return _format(header, lines, markdown)
 

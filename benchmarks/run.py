@@ -1,4 +1,5 @@
-"""omni vs torch.compile(flex_attention) vs SDPA (each backend) vs eager: every peer in one run, on one GPU.
+"""omni vs torch.compile(flex_attention) (Triton and FLASH backends) vs SDPA (each backend) vs eager: every peer in
+one run, on one GPU.
 
     python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
                              [--no-backward] [--omni-sm80] [--out DIR]
@@ -146,12 +147,15 @@ class Case:
                                 self.want_fwd_bwd, ("out", "dq", "dk", "dv"))
         for mode, (make_run, want, names) in modes.items():
             with peer.running():
-                row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(make_run(), mode, want, names)
+                row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(
+                    make_run(), mode, want, names, errors_skip=peer.errors_skip)
             torch.cuda.empty_cache()
         return row
 
-    def _measure(self, run, mode: str, want: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> dict:
-        """Check ``run`` against ``want``, then time it and take its peak memory."""
+    def _measure(self, run, mode: str, want: tuple[torch.Tensor, ...], names: tuple[str, ...],
+                 errors_skip: bool = False) -> dict:
+        """Check ``run`` against ``want``, then time it and take its peak memory; with ``errors_skip``, an
+        error it raises (not a failed check) is recorded as the reason it was skipped."""
         try:
             got = run()
             errors = measure.check(got if isinstance(got, tuple) else (got,), want, names)
@@ -162,7 +166,7 @@ class Case:
         except measure.CheckFailed as err:
             return {"failed": f"check: {err}"}
         except Exception as err:  # noqa: BLE001 - a peer that breaks is reported; the others still run
-            reason = measure.skip_reason(err)
+            reason = measure.skip_reason(err) or (f"cannot run: {peers.error_text(err)}" if errors_skip else None)
             return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
 
     def record(self, rows: list[dict]) -> dict:
@@ -218,23 +222,18 @@ def environment() -> dict:
 
     from omni_hf import _cuda
 
-    lib = Path(_cuda._library()._name)
+    lib = _cuda.library_path()
     data = lib.read_bytes()
     major, minor = torch.cuda.get_device_capability()
     disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
-    has_sm90 = b"OMNI_HF_DISABLE_SM90" in data  # the Hopper forward's dispatch reads this variable per call
-    has_sm90_backward = b"sm90 bwd_kernel launch" in data  # an error message of the Hopper backward's launcher
-    hopper = ("sm90 (wgmma): forward with 128x128 blocks, backward with 128-key blocks; else sm80 (mma.sync)"
-              if has_sm90_backward else "forward sm90 (wgmma) with 128x128 blocks, else sm80 (mma.sync)")
+    hopper = "sm90 (wgmma): forward with 128x128 blocks, backward with 128-key blocks; else sm80 (mma.sync)"
     return {
         "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "torch": torch.__version__,
         "triton": triton.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(), "host": platform.node(),
         "omni_library": str(lib), "omni_library_sha256": hashlib.sha256(data).hexdigest()[:16],
-        "omni_path": hopper if (major, minor) == (9, 0) and has_sm90 and not disabled else "sm80 (mma.sync)",
+        "omni_path": hopper if (major, minor) == (9, 0) and not disabled else "sm80 (mma.sync)",
         "OMNI_HF_DISABLE_SM90": os.environ.get("OMNI_HF_DISABLE_SM90"),
-        # from_token_ids runs as CUDA kernels with it, as ~80 PyTorch ops on the GPU without
-        "omni_token_mask_kernel": hasattr(_cuda._library(), "omni_build_token_mask"),
     }
 
 
@@ -297,9 +296,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"omni_hf CUDA library unavailable: {_cuda._load_error()}")
     os.environ.setdefault("OMNI_HF_BACKEND", "cuda")  # never time the reference by accident
     meta = environment()
+    meta["flex_flash"] = {"unavailable": peers.flash_unavailable(), **peers.flash_environment()}  # why not, versions
     meta["command"] = "python -m benchmarks.run " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
     meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"{meta['device']}, torch {meta['torch']}, omni path {meta['omni_path']}: {meta['command']}", flush=True)
+    print(f"flex-flash: {meta['flex_flash']['unavailable'] or 'flash_attn.cute imports'}; "
+          + ", ".join(f"{name} {version}" for name, version in meta["flex_flash"].items()
+                      if name != "unavailable" and version), flush=True)
     start, records = time.time(), []
     todo = plan(args)
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS)

@@ -163,7 +163,8 @@ def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_
         flex = create_block_mask(layout.mask_mod(), None, None, 256, 256, device="cpu")
         listed = peers.for_case(masks, flex, layout.dense(), is_causal=layout.is_causal, heads_q=4, heads_kv=2,
                                 scale=0.125, omni_sm80=True)
-        assert [p.name for p in listed] == ["omni b64", "omni b128", "omni b128 sm80", "flex", *sdpa_names, "eager"]
+        assert [p.name for p in listed] == ["omni b64", "omni b128", "omni b128 sm80", "flex", *sdpa_names, "eager",
+                                            "flex-flash"]
     q = torch.randn(1, 4, 256, 16)
     for peer in listed[:3]:
         with peer.running():
@@ -174,7 +175,72 @@ def test_peer_list_follows_the_mask_and_the_omni_sm80_peer_runs_with_the_hopper_
     huge = peers.for_case(masks, None, None, is_causal=False, heads_q=4, heads_kv=2, scale=0.125,
                           why_missing=missing)
     assert {p.name: p.skipped for p in huge if p.skipped} == {
-        "flex": missing["flex"], **{name: missing["dense"] for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}}
+        "flex": missing["flex"], "flex-flash": missing["flex"],
+        **{name: missing["dense"] for name in ("sdpa-eff+mask", "sdpa-cudnn+mask", "eager")}}
+
+
+def test_flex_flash_peer_is_skipped_with_the_reason_it_cannot_run(monkeypatch):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    layout = layouts.build("vlm", 256, fresh_seed())
+    flex = create_block_mask(layout.mask_mod(), None, None, 256, 256, device="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    peer = peers.flex_flash(flex, 0.125, gqa=True)
+    assert (peer.name, peer.fn, peer.skipped) == ("flex-flash", None, "no CUDA device")
+    # With a GPU but no flash-attn-4: the import error is the reason (checked once per process, so cleared here)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # makes `import flash_attn.cute` raise
+    peers._flash_import_error.cache_clear()
+    try:
+        peer = peers.flex_flash(flex, 0.125, gqa=True)
+    finally:
+        peers._flash_import_error.cache_clear()
+    assert peer.fn is None and peer.skipped.startswith("flash_attn.cute not importable (ModuleNotFoundError: ")
+
+
+def test_flex_flash_fails_its_check_when_no_cute_kernel_ran(monkeypatch):
+    # A FLASH request that silently ran Flex's Triton kernels must not be timed as FLASH.
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    flex = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 256, 256, device="cpu")
+    monkeypatch.setattr(peers, "flash_unavailable", lambda: None)
+    q = torch.randn(1, 2, 256, 16)
+    for kernels, ok in ((["triton_tem_fused_0", "triton_poi_fused_1"], False),
+                        (["kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_0"], True)):
+        monkeypatch.setattr(peers, "_kernels_run_by", lambda call, kernels=kernels: (q, kernels))
+        peer = peers.flex_flash(flex, 0.25, gqa=False)
+        assert peer.errors_skip and peer.skipped is None
+        if ok:
+            assert peer.fn(q, q, q) is q
+        else:
+            with pytest.raises(measure.CheckFailed, match="ran no CuTe-DSL kernel"):
+                peer.fn(q, q, q)
+
+
+def _bare_case(backward: bool) -> run.Case:
+    """A `run.Case` with small CPU inputs and references, none of its masks."""
+    case = run.Case.__new__(run.Case)
+    case.backward = backward
+    case.q = torch.randn(1, 2, 8, 4)
+    case.k = case.v = torch.randn(1, 2, 8, 4)
+    case.dout = torch.randn(1, 2, 8, 4)
+    case.want_fwd, case.want_fwd_bwd = (case.q,), None
+    return case
+
+
+def test_an_error_of_a_peer_marked_errors_skip_is_recorded_as_skipped_with_its_text():
+    case = _bare_case(backward=False)
+
+    def refuses(q, k, v):
+        raise RuntimeError("BACKEND='FLASH' but flash attention cannot be used\n  target: flex_attention")
+
+    row = case.measure_peer(peers.Peer("flex-flash", refuses, errors_skip=True))
+    assert row["fwd"] == {"skipped": "cannot run: RuntimeError: BACKEND='FLASH' but flash attention cannot be used"
+                                     " | target: flex_attention"}
+    assert case.measure_peer(peers.Peer("other", refuses))["fwd"] == {
+        "failed": "RuntimeError: BACKEND='FLASH' but flash attention cannot be used"}
+    wrong = case.measure_peer(peers.Peer("flex-flash", lambda q, k, v: q + 1, errors_skip=True))
+    assert wrong["fwd"]["failed"].startswith("check: out rel err")  # a wrong answer is a failure, never a skip
 
 
 class _RecordsEnviron(torch.autograd.Function):
@@ -196,7 +262,7 @@ class _RecordsEnviron(torch.autograd.Function):
 def test_a_peer_environment_covers_its_backward_as_well_as_its_forward(monkeypatch):
     # The sm80 peer once set its variable inside fn only, so autograd's later backward ran the Hopper kernel.
     monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
-    monkeypatch.setattr(run.Case, "_measure", lambda self, run_fn, mode, want, names: run_fn())
+    monkeypatch.setattr(run.Case, "_measure", lambda self, run_fn, mode, want, names, **options: run_fn())
     case = run.Case.__new__(run.Case)
     case.backward, case.want_fwd, case.want_fwd_bwd = True, None, None
     case.q = torch.randn(1, 2, 8, 4)
@@ -282,6 +348,19 @@ def test_json_round_trips_and_tables_show_speedups_skips_and_failures(tmp_path):
     assert all(line.count("|") == markdown.splitlines()[3].count("|") for line in markdown.splitlines()[3:6])
 
 
+def test_speed_table_adds_omnis_speedup_over_flex_flash_where_it_ran():
+    result = synthetic_result(random.Random(fresh_seed()))
+    assert "flex-flash" not in report.summary(result)
+    case = result["cases"][0]
+    flash = {"ms": case["rows"][1]["fwd"]["ms"] / 2, "tflops": 1.0, "peak_mib": 0.0, "errors": {"out": 0.0}}
+    case["rows"].append({"peer": "flex-flash", "mask_mib": 0.0, "fwd": flash, "fwd_bwd": {"skipped": "cannot run: x"}})
+    header, _, first = ([cell.strip() for cell in line.split("|")[1:-1]]
+                        for line in report.speed_table(result["cases"], markdown=True).splitlines()[:3])
+    assert header[-2:] == ["b128÷flex", "b128÷flex-flash"]
+    assert first[header.index("flex-flash")] == "1/skip"
+    assert first[-1] == f"{flash['ms'] / case['rows'][0]['fwd']['ms']:.2f}/-"
+
+
 def test_partial_runs_get_their_own_result_names_and_merge_back():
     assert run.result_name("NVIDIA H200", run.parse_args([])) == "suite_NVIDIA_H200.json"
     partial = run.parse_args(["--shapes", "small", "--masks", "vlm,causal", "--quick"])
@@ -327,10 +406,13 @@ def on_the_cpu(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_run_case_checks_every_peer_and_records_what_could_not_run(on_the_cpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     shape = run.Shape("small", 1, 4, 2, 64, torch.float32, (256,), (64, 128))
     record = run.run_case(shape, "prefix_lm", 256, backward=True)
     rows = {row["peer"]: row for row in record["rows"]}
-    assert list(rows) == ["omni b64", "omni b128", "flex", "sdpa-eff+mask", "sdpa-cudnn+mask", "eager"]
+    assert list(rows) == ["omni b64", "omni b128", "flex", "sdpa-eff+mask", "sdpa-cudnn+mask", "eager", "flex-flash"]
+    assert {mode: rows["flex-flash"][mode] for mode in report.MODES} == {
+        mode: {"skipped": "no CUDA device"} for mode in report.MODES}
     for name in ("omni b64", "omni b128", "eager"):
         for mode in report.MODES:
             assert rows[name][mode]["errors"]["out"] < 1e-5 and rows[name][mode]["ms"] > 0, (name, mode)
