@@ -208,6 +208,50 @@ class OmniBlockMask:
         return cls._from_block_table(types[:, None], None, pool, q_len, kv_len, block_q, block_kv, **token_rule)
 
     @classmethod
+    def from_key_padding(
+        cls,
+        key_padding: torch.Tensor,
+        q_len: int | None = None,
+        *,
+        block_q: int = 128,
+        block_kv: int = 128,
+    ) -> OmniBlockMask:
+        """Bidirectional attention over the real keys: every query row sees every key where ``key_padding`` is
+        True. Query rows are never masked, so this serves cross-attention as well as encoders (whose padding rows
+        then attend like sdpa's); the token rule would instead read each query's padding from the keys.
+
+        Args:
+            key_padding: bool ``[B, kv_len]`` (or ``[kv_len]``), True = a real key.
+            q_len: number of query rows (default ``kv_len``); any value, unrelated to the keys.
+
+        Key blocks are FULL, absent, or PARTIAL with the block's key pattern in the pool (one pool entry per
+        batch row and key block, so shapes depend on sizes only: no host sync). O(B * kv_len * block_q / 32).
+        """
+        if not isinstance(key_padding, torch.Tensor) or key_padding.dtype != torch.bool:
+            raise TypeError(f"key_padding: expected a bool tensor, got {_describe_value(key_padding)}")
+        if key_padding.dim() == 1:
+            key_padding = key_padding[None]
+        if key_padding.dim() != 2 or key_padding.shape[1] == 0:
+            raise ValueError(f"key_padding: expected shape [B, kv_len] or [kv_len], got {tuple(key_padding.shape)}")
+        batch, kv_len = key_padding.shape
+        q_len = kv_len if q_len is None else q_len
+        _check_sizes(q_len, kv_len, block_q, block_kv)
+        num_q, num_kv = -(-q_len // block_q), -(-kv_len // block_kv)
+        keys = torch.nn.functional.pad(key_padding, (0, num_kv * block_kv - kv_len)).view(batch, num_kv, block_kv)
+        real = keys.sum(-1)
+        in_range = torch.full((num_kv,), block_kv, device=keys.device)
+        in_range[-1] = kv_len - (num_kv - 1) * block_kv
+        full, masked = real == in_range, real == 0
+        kinds = _block_type(masked, full, torch.zeros_like(full))  # [B, nK]: FULL, MASKED or PARTIAL
+        words = _pack_patterns(keys.reshape(batch * num_kv, 1, block_kv), 1, block_kv)  # [B * nK, block_kv / 32]
+        pool = words[:, None].expand(-1, block_q, -1).contiguous()
+        entry = torch.arange(batch * num_kv, dtype=torch.int32, device=keys.device).view(batch, num_kv)
+        pool_ids = torch.where(kinds == _PARTIAL, entry, -1)
+        table = (kinds[:, None, None].expand(batch, 1, num_q, num_kv).contiguous(),
+                 pool_ids[:, None, None].expand(batch, 1, num_q, num_kv).contiguous())
+        return cls._from_block_table(*table, pool, q_len, kv_len, block_q, block_kv)
+
+    @classmethod
     def from_spans(
         cls,
         spans: Sequence[Sequence[tuple[int, int]]],

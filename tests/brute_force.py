@@ -1,6 +1,9 @@
-"""Independent dense definitions of the masks and of attention, for tests only (S x S is fine here)."""
+"""Independent dense definitions of the masks and of attention, readers of block lists written from DESIGN.md (not
+from the code under test), and the random inputs of the differential tests; for tests only (S x S is fine here)."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -12,11 +15,11 @@ def causal_dense(q_len: int, kv_len: int) -> torch.Tensor:
 
 
 def token_rule_dense(doc: torch.Tensor, grp: torch.Tensor, q_len: int, window: int | None = None) -> torch.Tensor:
-    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in DESIGN.md."""
+    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in DESIGN.md (on doc's device)."""
     kv_len = doc.shape[-1]
     doc, grp = doc.long(), grp.long()
-    i = torch.arange(kv_len - q_len, kv_len)[:, None]
-    j = torch.arange(kv_len)[None, :]
+    i = torch.arange(kv_len - q_len, kv_len, device=doc.device)[:, None]
+    j = torch.arange(kv_len, device=doc.device)[None, :]
     q_doc, k_doc = doc[:, i], doc[:, j]
     q_grp, k_grp = grp[:, i], grp[:, j]
     near = (j <= i) if window is None else (j <= i) & (i - j < window)
@@ -65,3 +68,164 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """||x - ref|| / ||ref|| in float64."""
     x, ref = x.detach().double(), ref.detach().double()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def placed_samples_dense(rows, width: int) -> torch.Tensor:
+    """bool [len(rows), 1, width, width] of samples laid out in rows: ``rows[r]`` lists ``(column, length, spans)``
+    of each sample in row r (spans relative to the sample). A sample's token sees the sample's tokens at or
+    before it and its whole span; padding neither sees nor is seen."""
+    out = torch.zeros(len(rows), 1, width, width, dtype=torch.bool)
+    for r, samples in enumerate(rows):
+        for column, length, spans in samples:
+            block = torch.ones(length, length, dtype=torch.bool).tril()
+            for a, b in spans:
+                block[a:b, a:b] = True
+            out[r, 0, column:column + length, column:column + length] = block
+    return out
+
+
+# ---------------------------------------------------------------------- reading masks back from their lists
+
+_MASKED, _FULL, _CAUSAL, _PARTIAL = 0, 1, 2, 3  # BlockType, as DESIGN.md numbers it
+
+
+def table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Types int8 and pool ids int64 ``[B, H, rows, columns]`` (0 and -1 where nothing is listed), read entry by
+    entry from one view's lists; asserts the active indices are in range and strictly ascending."""
+    batch, heads, rows, _ = indices.shape
+    table = torch.zeros(batch, heads, rows, columns, dtype=torch.int8)
+    pool_ids = torch.full((batch, heads, rows, columns), -1, dtype=torch.int64)
+    num, indices, types, partial = (x.cpu() for x in (num, indices, types, partial))
+    for (b, h, r), n in zip(itertools.product(range(batch), range(heads), range(rows)), num.flatten().tolist()):
+        listed = indices[b, h, r, :n].long()
+        assert 0 <= n <= indices.shape[-1] and ((listed >= 0) & (listed < columns)).all(), (b, h, r, listed)
+        assert (listed[1:] > listed[:-1]).all(), f"indices of ({b}, {h}, {r}) not ascending: {listed.tolist()}"
+        assert (types[b, h, r, :n] != _MASKED).all(), f"a listed block of ({b}, {h}, {r}) is MASKED"
+        table[b, h, r, listed] = types[b, h, r, :n].to(torch.int8)
+        pool_ids[b, h, r, listed] = partial[b, h, r, :n].long()
+    return table, pool_ids
+
+
+def dense_from_block_table(types, pool_ids, mask) -> torch.Tensor:
+    """bool [B, H, q_len, kv_len]: every listed block of ``types`` [B, H, nQ, nK] filled tile by tile with the element
+    rule of DESIGN.md (FULL, CAUSAL at absolute positions, PARTIAL from the pool's bits or, with pool id -1, the
+    token rule over the mask's ids, or one document of text for an implicit mask); rows and keys past the lengths
+    dropped."""
+    q_len, kv_len, bq, bk = mask.q_len, mask.kv_len, mask.block_q, mask.block_kv
+    batch, heads, nq, nk = types.shape
+    padded = torch.zeros(batch, heads, nq * bq, nk * bk, dtype=torch.bool)
+    qpos = torch.arange(nq * bq)[:, None] + (kv_len - q_len)
+    causal = qpos >= torch.arange(nk * bk)[None, :]
+    pool = torch.zeros(0, bq, bk // 32) if mask.partial_pool is None else mask.partial_pool.cpu()
+    bits = ((pool[..., None].long() >> torch.arange(32)) & 1).bool().reshape(-1, bq, bk)
+    token = None
+    if ((types == _PARTIAL) & (pool_ids < 0)).any():
+        if mask.implicit:  # their PARTIAL blocks are the window's cut through one document of text
+            doc, grp = torch.zeros(1, kv_len, dtype=torch.int32), torch.full((1, kv_len), -1, dtype=torch.int32)
+        else:
+            assert mask.doc_ids is not None, "PARTIAL blocks with pool id -1 need the token rule's ids"
+            doc, grp = mask.doc_ids.cpu(), mask.group_ids.cpu()
+        token = torch.zeros(doc.shape[0], nq * bq, nk * bk, dtype=torch.bool)
+        token[:, :q_len, :kv_len] = token_rule_dense(doc, grp, q_len, mask.window)[:, 0]
+    for b, h, r, c in torch.nonzero(types).tolist():
+        rows, cols = slice(r * bq, (r + 1) * bq), slice(c * bk, (c + 1) * bk)
+        kind, pool_id = int(types[b, h, r, c]), int(pool_ids[b, h, r, c])
+        if kind == _FULL:
+            padded[b, h, rows, cols] = True
+        elif kind == _CAUSAL:
+            padded[b, h, rows, cols] = causal[rows, cols]
+        elif kind == _PARTIAL and pool_id >= 0:
+            padded[b, h, rows, cols] = bits[pool_id]
+        elif kind == _PARTIAL:
+            padded[b, h, rows, cols] = token[b if token.shape[0] > 1 else 0, rows, cols]
+        else:
+            raise AssertionError(f"block ({b}, {h}, {r}, {c}) has type {kind}")
+    return padded[:, :, :q_len, :kv_len]
+
+
+def block_mask_dense(mask) -> torch.Tensor:
+    """bool [B, H, q_len, kv_len] of an `OmniBlockMask`, read from its row-view lists (after checking that the column
+    view lists the same blocks, types and pool ids); an implicit mask from the blocks the kernels derive."""
+    if mask.implicit:
+        return dense_from_block_table(*mask.block_table(), mask)
+    nq, nk = -(-mask.q_len // mask.block_q), -(-mask.kv_len // mask.block_kv)
+    rows = table_from_lists(mask.kv_num_blocks, mask.kv_indices, mask.kv_types, mask.kv_partial, nk)
+    cols = table_from_lists(mask.q_num_blocks, mask.q_indices, mask.q_types, mask.q_partial, nq)
+    assert torch.equal(rows[0], cols[0].transpose(-1, -2)), "the column view lists other blocks or types"
+    assert torch.equal(rows[1], cols[1].transpose(-1, -2)), "the column view lists other pool ids"
+    return dense_from_block_table(*rows, mask)
+
+
+def tightest_block_types(dense: torch.Tensor, block_q: int, block_kv: int) -> torch.Tensor:
+    """int8 [B, H, nQ, nK] of a dense [B, H, q_len, kv_len] mask: MASKED when no pair is allowed, FULL when every
+    in-range pair is, CAUSAL when the block equals the bottom-right causal triangle, else PARTIAL."""
+    q_len, kv_len = dense.shape[-2:]
+    nq, nk = -(-q_len // block_q), -(-kv_len // block_kv)
+
+    def tiles(x: torch.Tensor) -> torch.Tensor:
+        padded = torch.zeros(*x.shape[:-2], nq * block_q, nk * block_kv, dtype=torch.bool, device=x.device)
+        padded[..., :q_len, :kv_len] = x
+        return padded.unflatten(-2, (nq, block_q)).unflatten(-1, (nk, block_kv)).transpose(-3, -2)
+
+    allowed = tiles(dense)
+    count = allowed.sum((-1, -2))
+    in_range = tiles(torch.ones(q_len, kv_len, dtype=torch.bool, device=dense.device)).sum((-1, -2))
+    causal = (allowed == tiles(causal_dense(q_len, kv_len).to(dense.device))).all(-1).all(-1)
+    types = torch.full(count.shape, _PARTIAL, dtype=torch.int8, device=dense.device)
+    types[causal] = _CAUSAL
+    types[count == in_range] = _FULL
+    types[count == 0] = _MASKED
+    return types
+
+
+def flex_dense(block_mask) -> torch.Tensor:
+    """bool [B, H, q_len, kv_len] of a `torch.nn.attention.flex_attention.BlockMask` by Flex's semantics: blocks in
+    the full lists are allowed, blocks in the partial lists where ``mask_mod`` allows, the rest masked."""
+    q_len, kv_len = block_mask.seq_lengths
+    bq, bk = block_mask.BLOCK_SIZE
+    nk = -(-kv_len // bk)
+
+    def listed(num, indices):
+        table = torch.zeros(*indices.shape[:-1], nk, dtype=torch.bool)
+        for (b, h, r), n in zip(itertools.product(*(range(x) for x in num.shape)), num.flatten().tolist()):
+            table[b, h, r, indices[b, h, r, :n].long()] = True
+        return table
+
+    partial = listed(block_mask.kv_num_blocks, block_mask.kv_indices)
+    full = (listed(block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+            if block_mask.full_kv_num_blocks is not None else torch.zeros_like(partial))
+    batch, heads = partial.shape[:2]
+    b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
+    q, kv = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
+    qb, kb = q // bq, kv // bk
+    allowed = block_mask.mask_mod(b, h, q, kv) & partial[b, h, qb, kb]
+    return (allowed | full[b, h, qb, kb]).expand(batch, heads, q_len, kv_len)
+
+
+# ---------------------------------------------------------------------- random inputs of the differential tests
+
+
+def random_token_ids(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 [batch, length] doc and group ids: packed documents with padding (-1) on the left, on the right and
+    between documents, and images (groups) of random sizes, some sharing an id or crossing a document boundary."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+    doc = torch.empty(batch, length, dtype=torch.int32)
+    grp = torch.full((batch, length), -1, dtype=torch.int32)
+    for b in range(batch):
+        bounds = [0, *sorted(draw(0, length) for _ in range(draw(0, 5))), length]
+        for d, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            doc[b, start:end] = d
+        if draw(0, 1):
+            doc[b, :draw(0, length // 4)] = -1
+        doc[b, length - draw(0, length // 4):] = -1
+        if draw(0, 1):
+            start = draw(0, length - 1)
+            doc[b, start:start + draw(1, 40)] = -1
+        for _ in range(draw(0, 6)):
+            start = draw(0, length - 1)
+            grp[b, start:start + draw(1, 300)] = draw(0, 7)
+    return doc, grp

@@ -410,15 +410,18 @@ def test_modernbert_local_and_global_bidirectional_layers_with_padding_match_eag
                         {"ModernBertAttention": 3})
 
 
-def test_bart_cross_attention_over_a_padded_encoder_batch_matches_eager():
-    """Encoder and decoder rows padded right and left: the cross-attention mask hides the encoder's padding."""
+@pytest.mark.parametrize("decoder_len", [10, 12], ids=["shorter-decoder", "equal-lengths"])
+def test_bart_cross_attention_over_a_padded_encoder_batch_matches_eager(decoder_len):
+    """Encoder and decoder rows padded right and left: the cross-attention mask hides the encoder's padding. With
+    equal lengths a decoder row at an encoder padding position must still see the encoder (it was zeroed once:
+    the token rule read the query's padding from the keys)."""
     config = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
     encoder_mask = torch.cat([padding([9], 12, left=False), padding([7], 12, left=True)])
-    decoder_mask = torch.cat([padding([7], 10, left=False), padding([8], 10, left=True)])
-    inputs = dict(input_ids=text(2, 12, seed=19), attention_mask=encoder_mask, decoder_input_ids=text(2, 10, seed=20),
-                  decoder_attention_mask=decoder_mask)
+    decoder_mask = torch.cat([padding([7], decoder_len, left=False), padding([decoder_len - 2], decoder_len, left=True)])
+    inputs = dict(input_ids=text(2, 12, seed=19), attention_mask=encoder_mask,
+                  decoder_input_ids=text(2, decoder_len, seed=20), decoder_attention_mask=decoder_mask)
     assert_omni_matches(from_config(BartForConditionalGeneration, config), inputs, lambda out: [
         out.logits[decoder_mask.bool()], out.encoder_last_hidden_state[encoder_mask.bool()]], {"BartAttention": 2 * 3})
 

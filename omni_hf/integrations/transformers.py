@@ -12,9 +12,10 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
    sliding window on the causal part;
 3. the spec. Plain causal, sliding-window and bidirectional attention over unpadded, bottom-right aligned keys
    become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built; during generation an all-ones
-   padding mask counts as none, at one host sync per step as with sdpa). Other recognised mask functions become
-   the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no host sync): causal and
-   bidirectional ones with padding and caches; Transformers' own
+   padding mask counts as none, at one host sync per step as with sdpa); bidirectional attention over padded
+   keys (encoders, cross-attention) becomes `OmniBlockMask.from_key_padding`. Other recognised mask functions
+   become the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no host sync): causal ones
+   with padding and caches, bidirectional ones packed by ``cu_seq_lens_k``; Transformers' own
    compositions of causal with packing (``position_ids`` that restart), sliding windows and chunks, whose
    document starts are read by evaluating the function on neighbouring positions; and causal with image
    blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)
@@ -25,8 +26,10 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
    hands its vision tower the forward's kwargs).
 
 Positions are bottom-right aligned (query ``i`` at ``i + kv_len - q_len``). Static caches hand over their whole
-buffer, so their keys are rotated to end at the last filled slot, and unfilled slots are masked. Rows of
-padding tokens output zeros (Transformers leaves them arbitrary).
+buffer, so their keys are rotated to end at the last filled slot, and unfilled slots are masked. Under the token
+rule (causal-family masks with padding, packing, image blocks) rows of padding tokens output zeros; bidirectional
+masks never mask a query row (a cross-attention query is not one of the keys), and masks evaluated tile by tile
+give those rows what the mask function gives. Transformers leaves rows of padding tokens arbitrary.
 """
 
 from __future__ import annotations
@@ -235,15 +238,21 @@ def _from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask
 
 
 def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
-    """The spec as an implicit mask (nothing to build) where it is plain causal or bidirectional attention over
-    keys that are all real and already bottom-right aligned; else None."""
+    """The spec's mask without token ids where it needs none: plain causal or sliding-window attention over keys
+    that are all real and bottom-right aligned (implicit), or bidirectional attention over keys that all hold
+    something (implicit when all are real, else `OmniBlockMask.from_key_padding`: query rows are never masked,
+    which cross-attention needs); else None."""
     filled = spec.q_offset + spec.q_len - spec.kv_offset
-    if spec.padding_mask is not None or not isinstance(filled, int) or filled != spec.kv_len:
+    if not isinstance(filled, int) or filled != spec.kv_len:
+        return None
+    if spec.mask_function is bidirectional_mask_function:
+        if spec.padding_mask is None:
+            return OmniBlockMask.full(spec.q_len, spec.kv_len)
+        return OmniBlockMask.from_key_padding(spec.padding_mask, spec.q_len)
+    if spec.padding_mask is not None:
         return None
     if spec.mask_function is causal_mask_function:
         return OmniBlockMask.causal(spec.q_len, spec.kv_len)
-    if spec.mask_function is bidirectional_mask_function and spec.q_len == spec.kv_len:
-        return OmniBlockMask.full(spec.q_len, spec.kv_len)
     window = _sliding_window(spec.mask_function)
     return None if window is None else OmniBlockMask.causal(spec.q_len, spec.kv_len, window=window)
 
@@ -276,7 +285,7 @@ def _token_rule(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Tensor 
     if fn is bidirectional_mask_function:
         if spec.q_len != spec.kv_len or not isinstance(spec.q_offset, int) or spec.q_offset != spec.kv_offset:
             return None  # cross-attention or a cache: padding queries would need their own ids
-        return first, torch.zeros_like(first, dtype=torch.int32), None
+        return first, torch.zeros_like(first, dtype=torch.int32), None  # packed (cu_seq_lens_k) encoder rows
     if spec.plain_causal and getattr(fn, "__code__", None) is _AND_CODE:
         return _probe_starts(spec, device), None, spec.window
     block_ids = _causal_or_block_ids(fn)
