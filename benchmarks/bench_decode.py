@@ -5,16 +5,20 @@ torch.compile path (CUDA graphs) against eager omni.
 
 A ~1B Llama from a config (random weights, bf16: hidden 2048, 16 layers, 32 query / 8 KV heads of 64, MLP 8192,
 vocab 32000), prompts of ``--prompt`` random tokens, ``--new-tokens`` new tokens (min = max, so every run decodes
-the same count). Reported per batch: tokens/s of the new tokens (median of 3 timed runs after a warm-up) for
-``sdpa`` under ``sdpa_kernel(FLASH_ATTENTION)``, ``omni`` eager (dynamic cache), ``omni`` with
-``cache_implementation="static"`` compiled by generate (mode reduce-overhead: CUDA graphs), and whether the compiled
-omni's tokens equal eager omni's with the same static cache and with a dynamic cache. A table is printed last; JSON goes to ``--out`` (default $OUT, else
+the same count). Per batch, tokens/s of the new tokens (median over ``--rounds`` rounds after a warm-up round; the
+backends interleave within each round, so a noisy host hits them alike) for ``sdpa`` and ``omni``, each eager with
+a dynamic cache (sdpa under ``sdpa_kernel(FLASH_ATTENTION)``), eager with a static cache, and with
+``cache_implementation="static"`` compiled by generate (mode reduce-overhead: CUDA graphs; sdpa on its own choice
+of backend there, since a static cache hands it a mask); and how many new tokens
+the compiled run shares with the eager static-cache run before the first difference, for omni and for sdpa (random
+weights give near ties, which Inductor's other rounding of the rest of the model can flip). A table is printed last; JSON goes to ``--out`` (default $OUT, else
 benchmarks/results/).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,20 +46,23 @@ def model_with(attn: str, state: dict | None) -> LlamaForCausalLM:
     return model
 
 
-def timed_generate(model, prompts: torch.Tensor, new_tokens: int, runs: int = 3, **settings) -> tuple[float, torch.Tensor]:
-    """(new tokens per second, median of ``runs`` after one warm-up, and the generated ids)."""
+def generate(model, prompts: torch.Tensor, new_tokens: int, **settings) -> tuple[float, torch.Tensor]:
+    """(seconds, generated ids) of one greedy generation of exactly ``new_tokens`` tokens."""
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                   attention_mask=torch.ones_like(prompts), **settings)
     with torch.no_grad():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
         out = model.generate(prompts, **kwargs)
-        times = []
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = model.generate(prompts, **kwargs)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-    return prompts.shape[0] * new_tokens / statistics.median(times) if times else float("nan"), out
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def same_prefix(a: torch.Tensor, b: torch.Tensor, prompt: int) -> int:
+    """New tokens that two generations share before the first difference (least over the batch)."""
+    differs = (a[:, prompt:] != b[:, prompt:]).int()
+    first = torch.where(differs.any(1), differs.argmax(1), differs.shape[1])
+    return int(first.min())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds, backends interleaved in each")
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     sdpa = model_with("sdpa", None)
@@ -71,17 +79,31 @@ def main(argv: list[str] | None = None) -> None:
     for batch in map(int, args.batches.split(",")):
         prompts = torch.randint(3, CONFIG["vocab_size"], (batch, args.prompt), device="cuda",
                                 generator=torch.Generator("cuda").manual_seed(batch))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            sdpa_tps, _ = timed_generate(sdpa, prompts, args.new_tokens, disable_compile=True)
-        omni_tps, eager_ids = timed_generate(omni, prompts, args.new_tokens, disable_compile=True)
-        _, eager_static_ids = timed_generate(omni, prompts, args.new_tokens, runs=0, disable_compile=True,
-                                             cache_implementation="static")
-        static_tps, static_ids = timed_generate(omni, prompts, args.new_tokens, cache_implementation="static")
-        rows.append({"batch": batch, "sdpa_fa2_tok_s": sdpa_tps, "omni_tok_s": omni_tps,
-                     "omni_static_compiled_tok_s": static_tps,
-                     "compiled_equals_eager_static": bool(torch.equal(static_ids, eager_static_ids)),
-                     "compiled_equals_eager_dynamic": bool(torch.equal(static_ids, eager_ids))})
-        print(rows[-1], flush=True)
+        runs = {
+            "sdpa_fa2": lambda: generate(sdpa, prompts, args.new_tokens, disable_compile=True),
+            "omni": lambda: generate(omni, prompts, args.new_tokens, disable_compile=True),
+            "omni_static": lambda: generate(omni, prompts, args.new_tokens, disable_compile=True,
+                                            cache_implementation="static"),
+            "omni_static_compiled": lambda: generate(omni, prompts, args.new_tokens, cache_implementation="static"),
+            "sdpa_static": lambda: generate(sdpa, prompts, args.new_tokens, disable_compile=True,
+                                            cache_implementation="static"),
+            "sdpa_static_compiled": lambda: generate(sdpa, prompts, args.new_tokens, cache_implementation="static"),
+        }
+        seconds, ids = {name: [] for name in runs}, {}
+        for round_ in range(args.rounds + 1):  # round 0 warms up (and compiles); rounds interleave the backends
+            for name, run in runs.items():
+                # FlashAttention takes no mask: forced for the dynamic cache only (a static cache hands sdpa one)
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa_fa2" else contextlib.nullcontext():
+                    elapsed, ids[name] = run()
+                if round_ > 0:
+                    seconds[name].append(elapsed)
+        row = {"batch": batch, **{f"{name}_tok_s": batch * args.new_tokens / statistics.median(times)
+                                  for name, times in seconds.items()}}
+        row["omni_compiled_same_new_tokens"] = same_prefix(ids["omni_static_compiled"], ids["omni_static"], args.prompt)
+        row["sdpa_compiled_same_new_tokens"] = same_prefix(ids["sdpa_static_compiled"], ids["sdpa_static"], args.prompt)
+        row["omni_vs_sdpa_same_new_tokens"] = same_prefix(ids["omni"], ids["sdpa_fa2"], args.prompt)
+        rows.append(row)
+        print(row, flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": CONFIG,
             "prompt": args.prompt, "new_tokens": args.new_tokens,
             "command": "python benchmarks/bench_decode.py " + " ".join(argv or sys.argv[1:])}
@@ -89,14 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"{meta['device']}, torch {meta['torch']}, Llama ~1B bf16, prompt {args.prompt}, {args.new_tokens} new tokens")
-    print("| batch | sdpa FA2 tok/s | omni tok/s | omni / sdpa | omni static+compile tok/s | tokens == eager static "
-          "/ dynamic |")
+    print("| batch | sdpa FA2 tok/s | omni tok/s | omni / sdpa | static+compile tok/s omni / sdpa | same new tokens "
+          "compiled vs eager static: omni / sdpa |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['batch']} | {r['sdpa_fa2_tok_s']:.0f} | {r['omni_tok_s']:.0f} | "
-              f"{r['omni_tok_s'] / r['sdpa_fa2_tok_s']:.2f} | {r['omni_static_compiled_tok_s']:.0f} | "
-              f"{r['compiled_equals_eager_static']} / {r['compiled_equals_eager_dynamic']} |")
-
+              f"{r['omni_tok_s'] / r['sdpa_fa2_tok_s']:.2f} | {r['omni_static_compiled_tok_s']:.0f} / "
+              f"{r['sdpa_static_compiled_tok_s']:.0f} | {r['omni_compiled_same_new_tokens']} / "
+              f"{r['sdpa_compiled_same_new_tokens']} of {args.new_tokens} |")
 
 if __name__ == "__main__":
     main()

@@ -3,8 +3,8 @@
     python benchmarks/bench_launch.py [--calls 2000] [--out DIR]
 
 For each case (a prebuilt mask; inputs on the GPU):
-- ``host us``: CPU time per call, from `calls` back-to-back calls with no sync (the GPU runs behind, so this is
-  the time the call keeps the CPU, i.e. wall time minus kernel time when the kernel is shorter);
+- ``host us``: CPU time per call: bursts of 50 back-to-back calls with no sync, each started on an idle GPU (the
+  GPU runs behind and the launch queue never fills, so this is the time a call keeps the CPU: the host overhead);
 - ``gpu us``: the kernels' own time, CUDA events around the same calls replayed from a CUDA graph (no launch gaps);
 - ``wall us``: one call and a sync, median (what a lone call costs end to end).
 Cases: decode (q 1 x 16 heads, kv 2048 x 4 heads, D 128, bf16, causal), the small training shapes (B 1, H 8, D 64,
@@ -31,17 +31,20 @@ from benchmarks import layouts  # noqa: E402
 from omni_hf import OmniBlockMask, omni_attention  # noqa: E402
 
 
-def host_us(fn, calls: int) -> float:
-    """CPU microseconds per call of ``fn`` over ``calls`` calls without a sync (after a synced warm-up)."""
+def host_us(fn, calls: int, burst: int = 50) -> float:
+    """CPU microseconds per call of ``fn``: the median over bursts of ``burst`` calls issued without a sync, each
+    burst started on an idle GPU, so the launch queue never fills and the CPU never waits for the GPU."""
     for _ in range(10):
         fn()
+    times = []
+    for _ in range(max(1, calls // burst)):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        times.append((time.perf_counter() - start) / burst * 1e6)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return statistics.median(times)
 
 
 def wall_us(fn, calls: int) -> float:
@@ -91,7 +94,7 @@ def attention_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: in
             omni_attention(q, k, v, mask)
 
     def forward_backward():
-        omni_attention(*leaves, mask).backward(dout)
+        torch.autograd.grad(omni_attention(*leaves, mask), leaves, dout)
 
     rows = []
     for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
@@ -99,6 +102,35 @@ def attention_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: in
         row["gpu_us"] = gpu_us(fn, 50) if mode == "fwd" else gpu_us_backward(leaves, mask, dout)
         rows.append(row)
     return rows
+
+
+def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int, dim: int,
+              dtype: torch.dtype, calls: int) -> list[dict]:
+    """The same rows for SDPA with ``is_causal`` on its FlashAttention backend (the host cost of a plain peer)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(batch, heads_q, q_len, dim, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(batch, heads_kv, kv_len, dim, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    causal = q_len == kv_len  # decode: one query sees every key
+
+    def attend(*qkv):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal,
+                                                                    enable_gqa=heads_q != heads_kv)
+
+    def forward():
+        with torch.no_grad():
+            attend(q, k, v)
+
+    def forward_backward():
+        torch.autograd.grad(attend(*leaves), leaves, dout)
+
+    return [{"case": f"sdpa-fa2 {name}", "mode": mode, "host_us": host_us(fn, calls),
+             "wall_us": wall_us(fn, min(calls, 300)), "gpu_us": float("nan")}
+            for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward))]
 
 
 def gpu_us_backward(leaves, mask, dout) -> float:
@@ -123,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     calls = args.calls
     rows = attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
                           OmniBlockMask.causal(1, 2048), calls)
+    rows += sdpa_case("decode q1 kv2048 H16/4 D128", 1, 16, 4, 1, 2048, 128, torch.bfloat16, calls)
+    rows += sdpa_case("small S512 H8 D64 causal", 1, 8, 8, 512, 512, 64, torch.float16, calls)
     for seq_len in (512, 2048):
         rows += attention_case(f"small S{seq_len} H8 D64 causal", 1, 8, 8, seq_len, seq_len, 64, torch.float16,
                                OmniBlockMask.causal(seq_len), calls)

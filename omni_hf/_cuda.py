@@ -150,8 +150,20 @@ def set_poison_outputs(on: bool) -> None:
 # ---------------------------------------------------------------------- what the kernels take
 
 
-@functools.lru_cache(maxsize=None)
+_REASONS: dict[tuple, str | None] = {}
+
+
+@torch.compiler.assume_constant_result  # Dynamo calls it while tracing, rather than tracing into the library load
 def _call_reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: int, block_kv: int) -> str | None:
+    """Why the kernels cannot run such a call, or None; answered once per distinct call (a dict, not lru_cache,
+    which Dynamo would unwrap and trace)."""
+    key = device_index, dtype, head_dim, block_q, block_kv
+    if key not in _REASONS:
+        _REASONS[key] = _reason(*key)
+    return _REASONS[key]
+
+
+def _reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: int, block_kv: int) -> str | None:
     if dtype not in _DTYPES:
         return f"dtype {dtype} (kernels take float16 and bfloat16)"
     if head_dim not in HEAD_DIMS:
