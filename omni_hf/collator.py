@@ -4,6 +4,10 @@ The collator lays the samples of a batch out in rows (one sample per row, or sev
 and returns the tensors a Transformers model and the ``"omni"`` attention backend read. Everything is
 vectorised numpy over the batch's tokens; Python loops run over samples and rows only, so it is cheap
 enough to run in DataLoader workers and the GPU never waits for a mask.
+
+Samples may come straight from a Transformers processor: with `VisionInputs` settings (from
+`OmniCollator.from_processor` or `OmniCollator.from_config`) the collator finds the images among the tokens
+itself, checks them against the sample's vision inputs, and packs those inputs in the packed order.
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import torch
 from torch.utils.data import get_worker_info
 
 from .mask import BLOCK_SIZES, OmniBlockMask
+from .vision_inputs import VisionInputs, process_conversation
 
 __all__ = ["OmniCollator"]
 
 MODES = ("pad", "pack")
 PADDING_SIDES = ("right", "left")
-_SAMPLE_KEYS = frozenset({"input_ids", "labels", "modality_spans", "prompt_length"})
-_PRODUCED_KEYS = frozenset({"attention_mask", "position_ids", "omni_doc_ids", "omni_group_ids", "omni_block_mask"})
+_SAMPLE_KEYS = frozenset({"input_ids", "labels", "modality_spans", "prompt_length", "attention_mask"})
+_PRODUCED_KEYS = frozenset({"position_ids", "omni_doc_ids", "omni_group_ids", "omni_block_mask"})
+_UNSUPPORTED_KEYS = ("pixel_values_videos", "video_grid_thw")
 
 
 class OmniCollator:
@@ -31,18 +37,34 @@ class OmniCollator:
 
     A sample (a dict; lists, numpy arrays and torch tensors are all accepted):
 
-    - ``input_ids``: 1-D ints, at least one token.
+    - ``input_ids``: 1-D ints, at least one token (``[1, n]``, a processor's batch of one, is read as ``[n]``).
     - ``modality_spans``: sorted, non-overlapping ``(start, end)`` token ranges (end exclusive, inside the
       sample) whose tokens attend to each other both ways, e.g. the patch tokens of one image; every
-      other token is causal text. Required (``[]`` for a text-only sample): a missing key is an error
-      rather than a silently all-causal sample, because ``transformers.Trainer`` drops columns its model
-      does not name unless ``TrainingArguments(remove_unused_columns=False)``, which this collator needs.
+      other token is causal text. Required (``[]`` for a text-only sample) unless ``vision`` is given: a
+      missing key is an error rather than a silently all-causal sample, because ``transformers.Trainer``
+      drops columns its model does not name unless ``TrainingArguments(remove_unused_columns=False)``,
+      which this collator needs.
     - ``labels``: optional, same length as ``input_ids`` (default: ``input_ids``; not shifted, the model
       shifts).
     - ``prompt_length``: optional int; with ``train_on_prompt=False`` the first ``prompt_length`` labels
       become ``label_ignore_index``.
+    - ``attention_mask``: optional, all ones (processors return one); padding inside a sample is an error.
     - any other key (e.g. ``pixel_values`` ``[n_images, C, H, W]``): a per-sample tensor passed through,
       see "Pass-through" below. The keys this collator produces may not appear in a sample.
+
+    Samples from a processor (``vision``, a `VisionInputs`; `from_processor` and `from_config` fill it in):
+    ``modality_spans`` is not given (an error if it is): the collator finds the images among the tokens
+    (``vision.image_token_ids``, or value 1 of ``vision.image_type_key``), splits the runs into images by
+    their token counts (``image_grid_thw`` for Qwen2-VL, ``tokens_per_image``, or an equal share) and checks
+    them against the sample's vision inputs (number of images, tokens per image, Qwen2-VL's patch rows).
+    Image tokens get no labels. ``vision.image_attention`` decides the spans: each image (``"bidirectional"``,
+    Gemma3), the prefix (``"prefix"``, PaliGemma) or none (``"causal"``: the language model attends to images
+    as to text, as Qwen2-VL, LLaVA and Idefics3 do). ``vision.token_keys`` (``token_type_ids``,
+    ``mm_token_type_ids``) are packed like ``input_ids`` (int64 ``[B, L]``, 0 on padding; 0 for a sample
+    without the key) and ``vision.image_keys`` are concatenated in output-sample order along their dim
+    (``[1, n, ...]`` values zero-padded to the largest), with no ``<key>_sample_index``. With a ``processor``,
+    a sample may also be a raw TRL-style conversation (``messages`` or ``prompt`` / ``completion``, and
+    ``images``), which `process_conversation` turns into such a sample (with its ``prompt_length``) first.
 
     Layout:
 
@@ -51,8 +73,8 @@ class OmniCollator:
     - ``mode="pack"``: samples are packed first-fit decreasing (longest first, ties in input order, each
       into the first row with room) into rows of at most ``max_length`` tokens, never split; rows come in
       the order they were opened, and the samples of a row in input order. ``split_long_text=True`` cuts a
-      text-only sample longer than ``max_length`` into pieces of ``max_length`` tokens (the last shorter),
-      each then packed as a sample of its own; a longer sample with spans is an error.
+      text-only sample (no spans, no image tokens) longer than ``max_length`` into pieces of ``max_length``
+      tokens (the last shorter), each then packed as a sample of its own; any other longer sample is an error.
     - Both modes: the row length is the longest row rounded up to ``pad_to_multiple_of`` (so
       ``pad_to_multiple_of=max_length`` gives a fixed ``[rows, max_length]`` shape in pack mode).
       "Output samples" are the samples (and pieces) in row-major order: row by row, left to right.
@@ -62,11 +84,14 @@ class OmniCollator:
 
     - ``input_ids`` int64 ``[B, L]``, ``pad_token_id`` on padding.
     - ``labels`` int64 ``[B, L]``: the sample's labels, with ``label_ignore_index`` on padding, on tokens
-      inside modality spans, on the first token of every output sample (nothing in its sample predicts
-      it; this keeps the previous packed sample, or left padding, from being trained to predict it under
-      the model's shift-by-one loss) and, with ``train_on_prompt=False``, on prompt tokens.
+      inside modality spans and image tokens, on the first token of every output sample (nothing in its
+      sample predicts it; this keeps the previous packed sample, or left padding, from being trained to
+      predict it under the model's shift-by-one loss) and, with ``train_on_prompt=False``, on prompt tokens.
     - ``attention_mask`` int64 ``[B, L]`` (1 = real token), only when the batch has padding.
-    - ``position_ids`` int64 ``[B, L]``: 0, 1, ... within each output sample; 0 on padding.
+    - ``position_ids`` int64 ``[B, L]``: ``vision.first_position`` (default 0), 1, ... within each output
+      sample; 0 on padding. With ``vision.mrope_merge_size`` (Qwen2-VL, Qwen2.5-VL) ``[4, B, L]``: these text
+      positions, then the model's 3-D rotary positions (temporal, height, width; as its ``get_rope_index``
+      computes them for the sample alone), the layout Transformers reads for packed Qwen2-VL rows.
     - ``omni_doc_ids`` int32 ``[B, L]``: the output sample within its row, from 0; -1 on padding.
     - ``omni_group_ids`` int32 ``[B, L]``: the span within its row, from 0 along the row (unique within a
       row); -1 on text and padding.
@@ -99,6 +124,8 @@ class OmniCollator:
         label_ignore_index: int = -100,
         train_on_prompt: bool = True,
         split_long_text: bool = False,
+        vision: VisionInputs | None = None,
+        processor: Any = None,
     ) -> None:
         _check_choice("mode", mode, MODES)
         _check_choice("padding_side", padding_side, PADDING_SIDES)
@@ -114,6 +141,11 @@ class OmniCollator:
         if split_long_text and mode != "pack":
             raise ValueError(f"split_long_text: expected False with mode={mode!r} (it applies to mode='pack'), "
                              "got True")
+        if vision is not None and not isinstance(vision, VisionInputs):
+            raise ValueError(f"vision: expected a VisionInputs or None, got {type(vision).__name__}")
+        if processor is not None and vision is None:
+            raise ValueError("vision: expected a VisionInputs with a processor (OmniCollator.from_processor fills "
+                             "both in), got None")
         self.pad_token_id = pad_token_id
         self.mode = mode
         self.max_length = max_length
@@ -124,25 +156,69 @@ class OmniCollator:
         self.label_ignore_index = label_ignore_index
         self.train_on_prompt = train_on_prompt
         self.split_long_text = split_long_text
+        self.vision = vision
+        self.processor = processor
+
+    @classmethod
+    def from_processor(cls, processor: Any, *, image_attention: str | None = None, pad_token_id: int | None = None,
+                       **kwargs: Any) -> OmniCollator:
+        """A collator for the samples ``processor`` (a Transformers processor of a family in
+        `omni_hf.vision_inputs.FAMILIES`) makes, and for raw conversations, which it runs through ``processor``.
+
+        ``image_attention`` overrides the family's (see `VisionInputs`); ``pad_token_id`` defaults to the
+        tokenizer's; ``kwargs`` are the other `OmniCollator` arguments.
+        """
+        vision = VisionInputs.from_processor(processor, image_attention)
+        pad = processor.tokenizer.pad_token_id if pad_token_id is None else pad_token_id
+        if pad is None:
+            raise ValueError("pad_token_id: expected an int (the processor's tokenizer has no pad token; pass "
+                             "pad_token_id=...), got None")
+        return cls(pad, vision=vision, processor=processor, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: Any, *, image_attention: str | None = None, pad_token_id: int | None = None,
+                    **kwargs: Any) -> OmniCollator:
+        """A collator for processed samples of the model ``config`` describes (its ``model_type`` in
+        `omni_hf.vision_inputs.FAMILIES`).
+
+        ``pad_token_id`` defaults to the config's (its text config's); the other arguments as `from_processor`.
+        """
+        vision = VisionInputs.from_config(config, image_attention)
+        if pad_token_id is None:
+            pad_token_id = getattr(config.get_text_config(), "pad_token_id", None)
+            pad_token_id = getattr(config, "pad_token_id", None) if pad_token_id is None else pad_token_id
+        if pad_token_id is None:
+            raise ValueError("pad_token_id: expected an int (the config has no pad_token_id; pass pad_token_id=...), "
+                             "got None")
+        return cls(pad_token_id, vision=vision, **kwargs)
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate ``samples`` (see the class docstring for the input, the layout and the output)."""
         if not isinstance(samples, Sequence) or len(samples) == 0:
             got = f"an empty {type(samples).__name__}" if isinstance(samples, Sequence) else type(samples).__name__
             raise ValueError(f"samples: expected a non-empty list of dicts, got {got}")
-        read = [_read_sample(sample, index) for index, sample in enumerate(samples)]
+        read = [_read_sample(self._processed(sample, index), index, self.vision)
+                for index, sample in enumerate(samples)]
         _check_spans(read)
         layout = self._layout(read)
         out = self._tokens(read, layout)
+        if self.vision is not None:
+            out.update(_image_inputs(read, layout, self.vision.image_keys))
         out.update(_pass_through([sample.extras for sample in read], layout, stack=self.mode == "pad"))
         if self.return_block_mask:
             out["omni_block_mask"] = _block_mask(out["omni_doc_ids"], out["omni_group_ids"], self.block_size)
         return out
 
+    def _processed(self, sample: Any, index: int) -> Any:
+        """A raw conversation through the processor (see `process_conversation`); any other sample as is."""
+        if self.processor is None or not isinstance(sample, Mapping) or "input_ids" in sample:
+            return sample
+        return process_conversation(self.processor, sample, index)
+
     def _layout(self, samples: list[_Sample]) -> _Layout:
         """Cut (when asked), place and order the output samples."""
         lengths = np.array([len(sample.input_ids) for sample in samples], dtype=np.int64)
-        text_only = np.array([len(sample.spans) == 0 for sample in samples])
+        text_only = np.array([len(sample.spans) == 0 and not sample.image_tokens.any() for sample in samples])
         source, start, length = _output_samples(lengths, text_only, self.max_length, self.split_long_text, self.mode)
         row = (_first_fit_decreasing(length.tolist(), self.max_length) if self.mode == "pack"
                else np.arange(len(length)))
@@ -155,29 +231,38 @@ class OmniCollator:
         return _Layout(source, start, length, row, row_end - row_used, row_used, row_column, width)
 
     def _tokens(self, samples: list[_Sample], layout: _Layout) -> dict[str, torch.Tensor]:
-        """The ``[B, L]`` token tensors: built as streams in output order, then copied row by row."""
+        """The ``[B, L]`` token tensors (``[4, B, L]`` 3-D positions): built as streams in output order, then
+        copied row by row."""
         pieces = list(zip(layout.source.tolist(), layout.start.tolist(), layout.length.tolist()))
         counting = np.arange(layout.length.max(), dtype=np.int64)
         positions = np.concatenate([counting[:n] for _, _, n in pieces])  # within each output sample
         group_ids = _group_stream(samples, layout)
         doc_ids = np.arange(len(pieces), dtype=np.int32) - np.searchsorted(layout.row, layout.row).astype(np.int32)
+        first = 0 if self.vision is None else self.vision.first_position
         streams = {
             "input_ids": (np.concatenate([samples[s].input_ids[a:a + n] for s, a, n in pieces]), self.pad_token_id),
             "labels": (self._labels(samples, layout, pieces, positions, group_ids), self.label_ignore_index),
-            "position_ids": (positions, 0),
+            "position_ids": (positions + first, 0),
             "omni_doc_ids": (np.repeat(doc_ids, layout.length), -1),
             "omni_group_ids": (group_ids, -1),
         }
+        for key in dict.fromkeys(key for sample in samples for key in sample.token_values):
+            streams[key] = (np.concatenate([_token_values(samples[s], key)[a:a + n] for s, a, n in pieces]), 0)
         if (layout.row_used < layout.width).any():
             streams["attention_mask"] = (np.ones(len(positions), dtype=np.int64), 0)
-        return {key: _rows(stream, fill, layout) for key, (stream, fill) in streams.items()}
+        out = {key: _rows(stream, fill, layout) for key, (stream, fill) in streams.items()}
+        if self.vision is not None and self.vision.mrope_merge_size is not None:
+            rope = np.concatenate([samples[s].rope[:, a:a + n] - a for s, a, n in pieces], axis=1)
+            out["position_ids"] = torch.stack([out["position_ids"], *(_rows(axis, 0, layout) for axis in rope)])
+        return out
 
     def _labels(self, samples: list[_Sample], layout: _Layout, pieces: list[tuple[int, int, int]],
                 positions: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
-        """int64 label stream: the samples' labels, ignored on span tokens, on the first token of every
-        output sample and (``train_on_prompt=False``) on prompt tokens."""
+        """int64 label stream: the samples' labels, ignored on span and image tokens, on the first token of
+        every output sample and (``train_on_prompt=False``) on prompt tokens."""
         labels = np.concatenate([samples[s].labels[a:a + n] for s, a, n in pieces])
         labels[group_ids >= 0] = self.label_ignore_index
+        labels[np.concatenate([samples[s].image_tokens[a:a + n] for s, a, n in pieces])] = self.label_ignore_index
         labels[positions == 0] = self.label_ignore_index
         if not self.train_on_prompt:
             prompt = np.array([samples[s].prompt_length for s, _, _ in pieces], dtype=np.int64)
@@ -191,8 +276,12 @@ class _Sample(NamedTuple):
 
     input_ids: np.ndarray  # int64 [n]
     labels: np.ndarray  # int64 [n]
-    spans: np.ndarray  # int64 [k, 2]
+    spans: np.ndarray  # int64 [k, 2]: token ranges that attend both ways
+    image_tokens: np.ndarray  # bool [n]: tokens that stand for image features
+    rope: np.ndarray | None  # int64 [3, n]: 3-D rotary positions (vision.mrope_merge_size), else None
     prompt_length: int
+    token_values: dict[str, np.ndarray]  # vision.token_keys: int64 [n]
+    images: dict[str, torch.Tensor]  # vision.image_keys
     extras: dict[str, torch.Tensor]  # the pass-through values
 
 
@@ -213,27 +302,61 @@ class _Layout:
 # ---------------------------------------------------------------------- reading samples
 
 
-def _read_sample(sample: Mapping[str, Any], index: int) -> _Sample:
-    """Convert and check one sample's values."""
+def _read_sample(sample: Mapping[str, Any], index: int, vision: VisionInputs | None) -> _Sample:
+    """Convert and check one sample's values; with ``vision``, find and check its images."""
     if not isinstance(sample, Mapping):
         raise ValueError(f"samples[{index}]: expected a dict, got {type(sample).__name__}")
+    if "input_ids" not in sample and ("messages" in sample or "prompt" in sample):
+        raise ValueError(f"samples[{index}]['input_ids']: expected token ids (a conversation needs a collator with a "
+                         "processor: OmniCollator.from_processor), got a conversation without them")
     input_ids = _int_vector(sample.get("input_ids"), index, "input_ids")
     if len(input_ids) == 0:
         raise ValueError(f"samples[{index}]['input_ids']: expected at least one token, got 0")
-    labels = input_ids if sample.get("labels") is None else _int_vector(sample["labels"], index, "labels")
-    if len(labels) != len(input_ids):
-        raise ValueError(f"samples[{index}]['labels']: expected {len(input_ids)} labels (the length of input_ids), "
-                         f"got {len(labels)}")
-    return _Sample(input_ids, labels, _spans(sample, index), _prompt_length(sample, len(input_ids), index),
-                   _extras(sample, index))
+    labels = (input_ids if sample.get("labels") is None
+              else _int_vector(sample["labels"], index, "labels", len(input_ids)))
+    if sample.get("attention_mask") is not None:
+        mask = torch.as_tensor(sample["attention_mask"]).long()  # bool or int
+        _check_no_padding(_int_vector(mask, index, "attention_mask", len(input_ids)), index)
+    prompt_length = _prompt_length(sample, len(input_ids), index)
+    if vision is None:
+        no_images = np.zeros(len(input_ids), dtype=bool)
+        return _Sample(input_ids, labels, _spans(sample, index), no_images, None, prompt_length, {}, {},
+                       _extras(sample, index, frozenset()))
+    if "modality_spans" in sample:
+        raise ValueError(f"samples[{index}]['modality_spans']: expected no such key (with vision settings the collator "
+                         "finds the images itself), got one")
+    for key in _UNSUPPORTED_KEYS:
+        if sample.get(key) is not None:
+            raise ValueError(f"samples[{index}]['{key}']: expected no video inputs (not supported yet), got one")
+    token_values = {key: _int_vector(sample[key], index, key, len(input_ids))
+                    for key in vision.token_keys if sample.get(key) is not None}
+    images = _image_values(sample, index, vision)
+    image_tokens = _image_tokens(input_ids, token_values, vision, index)
+    starts, sizes = _find_images(image_tokens, images, vision, index)
+    rope = None if vision.mrope_merge_size is None else _mrope(len(input_ids), starts, sizes, images, vision)
+    return _Sample(input_ids, labels, _image_spans(starts, sizes, token_values, vision, index), image_tokens, rope,
+                   prompt_length, token_values, images, _extras(sample, index, vision.keys))
 
 
-def _int_vector(value: Any, index: int, key: str) -> np.ndarray:
-    """A 1-D int64 array from a list, numpy array or tensor of ints."""
+def _int_vector(value: Any, index: int, key: str, length: int | None = None) -> np.ndarray:
+    """A 1-D int64 array from a list, numpy array or tensor of ints (``[1, n]``, a batch of one, read as ``[n]``),
+    of ``length`` values when given."""
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.ndim == 2 and array.shape[0] == 1:
+        array = array[0]
     if array.ndim != 1 or (array.size > 0 and array.dtype.kind not in "iu"):
-        raise ValueError(f"samples[{index}]['{key}']: expected a 1-D sequence of ints, got {_describe(array)}")
+        raise ValueError(f"samples[{index}]['{key}']: expected a 1-D sequence of ints (or [1, n], a processor's batch "
+                         f"of one), got {_describe(array)}")
+    if length is not None and len(array) != length:
+        raise ValueError(f"samples[{index}]['{key}']: expected {length} values (the length of input_ids), "
+                         f"got {len(array)}")
     return array.astype(np.int64, copy=False)
+
+
+def _check_no_padding(attention_mask: np.ndarray, index: int) -> None:
+    if not (attention_mask == 1).all():
+        raise ValueError(f"samples[{index}]['attention_mask']: expected all ones (the collator pads; a sample holds "
+                         f"no padding), got {int((attention_mask != 1).sum())} zeros")
 
 
 def _spans(sample: Mapping[str, Any], index: int) -> np.ndarray:
@@ -242,7 +365,8 @@ def _spans(sample: Mapping[str, Any], index: int) -> np.ndarray:
     if "modality_spans" not in sample:
         raise ValueError(f"{where}: expected a list of (start, end) token ranges ([] for a text-only sample), got "
                          "no such key (with transformers.Trainer, set TrainingArguments(remove_unused_columns="
-                         "False): it drops the columns the model's forward does not name)")
+                         "False): it drops the columns the model's forward does not name; for a processor's samples, "
+                         "use OmniCollator.from_processor or from_config, which find the images themselves)")
     value = sample["modality_spans"]
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     if array.size == 0:
@@ -263,11 +387,11 @@ def _prompt_length(sample: Mapping[str, Any], length: int, index: int) -> int:
     return int(number)
 
 
-def _extras(sample: Mapping[str, Any], index: int) -> dict[str, torch.Tensor]:
-    """The sample's pass-through values as tensors (None values dropped)."""
+def _extras(sample: Mapping[str, Any], index: int, read: frozenset[str]) -> dict[str, torch.Tensor]:
+    """The sample's pass-through values as tensors (None values, and the keys in ``read``, dropped)."""
     extras = {}
     for key, value in sample.items():
-        if key in _SAMPLE_KEYS or value is None:
+        if key in _SAMPLE_KEYS or key in read or value is None:
             continue
         if key in _PRODUCED_KEYS:
             raise ValueError(f"samples[{index}]['{key}']: expected no such key (the collator produces '{key}'; "
@@ -301,6 +425,146 @@ def _check_spans(samples: list[_Sample]) -> None:
                              f"got {samples[index].spans.tolist()}")
 
 
+# ---------------------------------------------------------------------- images of a processor's sample
+
+
+def _image_values(sample: Mapping[str, Any], index: int, vision: VisionInputs) -> dict[str, torch.Tensor]:
+    """The sample's ``vision.image_keys`` as tensors: ``[n, ...]`` (dim 0) or ``[1, n, ...]`` (dim 1)."""
+    images = {}
+    for key, dim in vision.image_keys.items():
+        if sample.get(key) is None:
+            continue
+        value = torch.as_tensor(sample[key])
+        if value.ndim < dim + 1 or (dim == 1 and value.shape[0] != 1):
+            raise ValueError(f"samples[{index}]['{key}']: expected shape {'[1, n, ...]' if dim else '[n, ...]'} "
+                             f"(one sample's values), got {list(value.shape)}")
+        images[key] = value
+    return images
+
+
+def _image_tokens(input_ids: np.ndarray, token_values: dict[str, np.ndarray], vision: VisionInputs,
+                  index: int) -> np.ndarray:
+    """bool ``[n]``: the tokens that stand for image features."""
+    if vision.image_token_ids:
+        return np.isin(input_ids, vision.image_token_ids)
+    if vision.image_type_key not in token_values:
+        raise ValueError(f"samples[{index}]['{vision.image_type_key}']: expected per-token types (1 = image token; "
+                         "vision.image_type_key), got no such key")
+    return token_values[vision.image_type_key] == 1
+
+
+def _find_images(image_tokens: np.ndarray, images: dict[str, torch.Tensor], vision: VisionInputs,
+                 index: int) -> tuple[np.ndarray, np.ndarray]:
+    """First token and token count of each image, int64 ``[n_images]``, checked against the vision inputs: the
+    image tokens are exactly the images' tokens, and each image's are contiguous (with Qwen2-VL's 3-D
+    positions, each image is a whole run of image tokens, as its ``get_rope_index`` needs)."""
+    sizes, source = _image_sizes(images, vision, int(image_tokens.sum()), index)
+    positions = np.flatnonzero(image_tokens)
+    if sizes.sum() != len(positions):
+        raise ValueError(f"samples[{index}]['input_ids']: expected {int(sizes.sum())} image tokens ({len(sizes)} "
+                         f"images of {sizes.tolist()} tokens, {source}), got {len(positions)}")
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    starts, ends = positions[bounds[:-1]], positions[bounds[1:] - 1] + 1
+    runs = _runs(image_tokens)
+    whole = ((ends - starts) == sizes).all() and (vision.mrope_merge_size is None or len(runs) == len(sizes))
+    if not whole:
+        expected = "one run per image" if vision.mrope_merge_size is not None else "runs that split into images"
+        raise ValueError(f"samples[{index}]['input_ids']: expected image-token {expected} of {sizes.tolist()} tokens "
+                         f"({source}), got runs of {runs.tolist()} tokens")
+    return starts, sizes
+
+
+def _image_sizes(images: dict[str, torch.Tensor], vision: VisionInputs, image_tokens: int,
+                 index: int) -> tuple[np.ndarray, str]:
+    """int64 ``[n_images]`` tokens of each image, and where the sizes come from (for messages)."""
+    if vision.mrope_merge_size is not None:
+        return _grid_sizes(images, vision.mrope_merge_size, index)
+    count = vision.count_key
+    n = images[count].shape[vision.image_keys[count]] if count in images else 0
+    source = f"{n} images in {count}"
+    if vision.tokens_per_image is not None:
+        return np.full(n, vision.tokens_per_image, dtype=np.int64), f"{source}, tokens_per_image"
+    if n and (image_tokens == 0 or image_tokens % n):
+        raise ValueError(f"samples[{index}]['input_ids']: expected a positive multiple of {n} image tokens (an equal "
+                         f"share for each of the {source}), got {image_tokens}")
+    return np.full(n, image_tokens // max(n, 1), dtype=np.int64), f"{source}, an equal share"
+
+
+def _grid_sizes(images: dict[str, torch.Tensor], merge: int, index: int) -> tuple[np.ndarray, str]:
+    """Qwen2-VL: tokens of each image from ``image_grid_thw`` ``[n, 3]``; its ``pixel_values`` must hold the
+    grids' patch rows."""
+    grid = images.get("image_grid_thw")
+    if grid is None:
+        if "pixel_values" in images:
+            raise ValueError(f"samples[{index}]['image_grid_thw']: expected the grid of each image of pixel_values, "
+                             "got no such key")
+        return np.zeros(0, dtype=np.int64), "no image_grid_thw"
+    grid = grid.numpy().astype(np.int64)
+    patches = grid.prod(-1) if grid.ndim == 2 and grid.shape[1] == 3 else None
+    if patches is None or (patches <= 0).any() or (patches % merge**2).any():
+        raise ValueError(f"samples[{index}]['image_grid_thw']: expected rows (t, h, w) of positive ints with h * w a "
+                         f"multiple of merge_size**2 = {merge**2}, got {grid.tolist()}")
+    rows = images["pixel_values"].shape[0] if "pixel_values" in images else None
+    if rows != patches.sum():
+        raise ValueError(f"samples[{index}]['pixel_values']: expected {int(patches.sum())} patch rows (the sum of "
+                         f"t * h * w over image_grid_thw), got {rows if rows is not None else 'no pixel_values'}")
+    return patches // merge**2, f"image_grid_thw: t * h * w / {merge**2}"
+
+
+def _runs(flags: np.ndarray) -> np.ndarray:
+    """int64 lengths of the runs of True in ``flags``, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], flags, [False]]).astype(np.int8)))
+    return edges[1::2] - edges[0::2]
+
+
+def _image_spans(starts: np.ndarray, sizes: np.ndarray, token_values: dict[str, np.ndarray], vision: VisionInputs,
+                 index: int) -> np.ndarray:
+    """int64 ``[k, 2]`` token ranges that attend both ways, by ``vision.image_attention``."""
+    if vision.image_attention == "bidirectional":
+        return np.stack([starts, starts + sizes], axis=1)
+    if vision.image_attention == "causal":
+        return np.empty((0, 2), dtype=np.int64)
+    types = token_values.get("token_type_ids")
+    if types is None:
+        raise ValueError(f"samples[{index}]['token_type_ids']: expected 0 on the prefix and 1 on the suffix "
+                         "(image_attention='prefix'), got no such key")
+    suffix = types != 0
+    prefix = int(np.argmax(suffix)) if suffix.any() else len(types)
+    if not suffix[prefix:].all():
+        raise ValueError(f"samples[{index}]['token_type_ids']: expected 0 on a prefix, then 1 (image_attention="
+                         f"'prefix'), got a 0 at token {prefix + int(np.argmin(suffix[prefix:]))} after the prefix")
+    return np.array([[0, prefix]] if prefix else [], dtype=np.int64).reshape(-1, 2)
+
+
+def _mrope(n: int, starts: np.ndarray, sizes: np.ndarray, images: dict[str, torch.Tensor],
+           vision: VisionInputs) -> np.ndarray:
+    """int64 ``[3, n]``: Qwen2-VL's 3-D rotary positions of one sample (its ``get_rope_index`` for images).
+
+    A text token's three positions are its index among the positions so far; an image of ``t x h x w`` merged
+    patches starting at position ``p`` puts token ``(i, j, k)`` at ``(p + i, p + j, p + k)``, and the text after
+    it continues at ``p + max(h, w)``.
+    """
+    merge = vision.mrope_merge_size
+    grid = images["image_grid_thw"].numpy().astype(np.int64) if len(sizes) else np.zeros((0, 3), dtype=np.int64)
+    height, width = grid[:, 1] // merge, grid[:, 2] // merge
+    owner = np.repeat(np.arange(len(sizes)), sizes)  # image of each image token
+    local = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # token index in its image
+    where = starts[owner] + local
+    advance = np.ones(n, dtype=np.int64)
+    advance[where] = 0
+    advance[starts + sizes - 1] = np.maximum(height, width)
+    rope = np.repeat((np.cumsum(advance) - advance)[None], 3, axis=0)
+    plane = (height * width)[owner]
+    rope[:, where] += np.stack([local // plane, local // width[owner] % height[owner], local % width[owner]])
+    return rope
+
+
+def _token_values(sample: _Sample, key: str) -> np.ndarray:
+    """The sample's per-token ``key``, zeros when it has none."""
+    value = sample.token_values.get(key)
+    return np.zeros(len(sample.input_ids), dtype=np.int64) if value is None else value
+
+
 # ---------------------------------------------------------------------- layout
 
 
@@ -317,7 +581,7 @@ def _output_samples(lengths: np.ndarray, text_only: np.ndarray, max_length: int 
     splittable = too_long & text_only & split
     if (too_long & ~splittable).any():
         index = int(np.argmax(too_long & ~splittable))
-        hint = ("it has modality spans, which are never split" if split else
+        hint = ("it has modality spans or image tokens, which are never split" if split else
                 "split_long_text=True splits text-only samples" if mode == "pack" else "samples are never truncated")
         raise ValueError(f"samples[{index}]['input_ids']: expected at most max_length={max_length} tokens "
                          f"(mode={mode!r}; {hint}), got {lengths[index]}")
@@ -389,6 +653,37 @@ def _pass_through(extras: list[dict[str, torch.Tensor]], layout: _Layout, stack:
         out[f"{key}_sample_index"] = torch.repeat_interleave(
             torch.tensor([k for k, _ in rows], dtype=torch.int64), torch.tensor([len(v) for _, v in rows]))
     return out
+
+
+def _image_inputs(samples: list[_Sample], layout: _Layout, image_keys: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """The vision inputs of the output samples, concatenated in output-sample order along each key's dim; a
+    ``[1, n, ...]`` key's values zero-padded to the largest (dims after the second), as the processor pads."""
+    carriers = layout.source[layout.start == 0].tolist()  # a split sample's first piece carries its values
+    out = {}
+    for key, dim in image_keys.items():
+        rows = [(k, samples[k].images[key]) for k in carriers if key in samples[k].images]
+        if not rows:
+            continue
+        if dim == 1:
+            rows = _zero_padded(key, rows)
+        else:
+            _check_trailing_shapes(key, rows, np.arange(len(samples)))
+        out[key] = torch.cat([value for _, value in rows], dim=dim)
+    return out
+
+
+def _zero_padded(key: str, rows: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    """``[1, n, ...]`` values padded with zeros after the end of every dim past the second to the largest size."""
+    if len({value.ndim for _, value in rows}) > 1:
+        index, value = next((k, v) for k, v in rows if v.ndim != rows[0][1].ndim)
+        raise ValueError(f"samples[{index}]['{key}']: expected {rows[0][1].ndim} dims (as the other samples), got "
+                         f"{list(value.shape)}")
+    largest = torch.tensor([list(value.shape[2:]) for _, value in rows]).amax(0).tolist()
+    padded = []
+    for index, value in rows:
+        widths = [w for size, target in zip(reversed(value.shape[2:]), reversed(largest)) for w in (0, target - size)]
+        padded.append((index, torch.nn.functional.pad(value, widths)))
+    return padded
 
 
 def _check_trailing_shapes(key: str, rows: list[tuple[int, torch.Tensor]], source: np.ndarray) -> None:

@@ -380,13 +380,15 @@ def test_bad_options_raise_naming_the_argument(options, match):
     (make_sample(0, 6, [(0, 1, 2)]), r"samples\[1\]\['modality_spans'\]: expected \(start, end\) pairs of ints, "
                                      r"shape \[k, 2\], got dtype int64 and shape \[1, 3\]"),
     ({"input_ids": [1, 2]}, r"samples\[1\]\['modality_spans'\]: .*got no such key .*remove_unused_columns=False"),
-    (make_sample(0, 3, labels=[1, 2]), r"samples\[1\]\['labels'\]: expected 3 labels \(the length of input_ids\), "
+    (make_sample(0, 3, labels=[1, 2]), r"samples\[1\]\['labels'\]: expected 3 values \(the length of input_ids\), "
                                        r"got 2"),
     (make_sample(0, 0), r"samples\[1\]\['input_ids'\]: expected at least one token, got 0"),
-    (make_sample(0, 2) | {"input_ids": [[1, 2]]}, r"samples\[1\]\['input_ids'\]: expected a 1-D sequence of ints, "
-                                                   r"got dtype int64 and shape \[1, 2\]"),
+    (make_sample(0, 2) | {"input_ids": [[1, 2], [3, 4]]}, r"samples\[1\]\['input_ids'\]: expected a 1-D sequence of "
+                                                          r"ints \(or \[1, n\].*got dtype int64 and shape \[2, 2\]"),
     (make_sample(0, 3, prompt_length=4), r"samples\[1\]\['prompt_length'\]: expected an int in \[0, 3\] .*got 4"),
-    (make_sample(0, 3, attention_mask=[1, 1, 1]), r"samples\[1\]\['attention_mask'\]: expected no such key"),
+    (make_sample(0, 3, attention_mask=[1, 0, 1]), r"samples\[1\]\['attention_mask'\]: expected all ones .*got 1 "
+                                                  r"zeros"),
+    (make_sample(0, 3, position_ids=[0, 1, 2]), r"samples\[1\]\['position_ids'\]: expected no such key"),
     (make_sample(0, 3, text="hello"), r"samples\[1\]\['text'\]: expected a tensor, array or number"),
     ("not a dict", r"samples\[1\]: expected a dict, got str"),
 ])
@@ -400,8 +402,8 @@ def test_sample_longer_than_max_length_raises_unless_split_long_text_applies():
     with pytest.raises(ValueError, match=r"samples\[0\]\['input_ids'\]: expected at most max_length=8 tokens "
                                          r"\(mode='pack'; split_long_text=True splits text-only samples\), got 9"):
         OmniCollator(PAD, mode="pack", max_length=8)([long_text])
-    with pytest.raises(ValueError, match=r"samples\[1\]\['input_ids'\]: .*it has modality spans, which are never "
-                                         r"split\), got 9"):
+    with pytest.raises(ValueError, match=r"samples\[1\]\['input_ids'\]: .*it has modality spans or image tokens, "
+                                         r"which are never split\), got 9"):
         OmniCollator(PAD, mode="pack", max_length=8, split_long_text=True)([long_text, long_image])
     with pytest.raises(ValueError, match=r"samples\[0\].*\(mode='pad'; samples are never truncated\), got 9"):
         OmniCollator(PAD, max_length=8)([long_text])
