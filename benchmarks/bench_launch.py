@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks import layouts  # noqa: E402
+from benchmarks import layouts, measure  # noqa: E402
 from omni_hf import OmniBlockMask, omni_attention  # noqa: E402
 
 
@@ -61,16 +61,7 @@ def wall_us(fn, calls: int) -> float:
 
 def gpu_us(fn, calls: int) -> float:
     """Microseconds of device time per call: ``calls`` calls captured in one CUDA graph, replayed, events."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph, _ = measure.capture_graph(lambda: [fn() for _ in range(calls)])
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

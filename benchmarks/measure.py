@@ -113,3 +113,18 @@ def describe_error(err: BaseException) -> str:
     """One short line for a report: the exception type and the first line of its message."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {(lines[0] if lines else '')[:160]}"
+
+
+def capture_graph(step: Callable):
+    """``step()`` warmed up on a side stream (as CUDA-graph capture requires), then captured into a CUDA graph;
+    returns the graph and the outputs of the captured call (the buffers each replay rewrites)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs

@@ -23,20 +23,6 @@ pytestmark = pytest.mark.skipif(not _cuda.available(), reason="needs a CUDA devi
 ATOMIC_ORDER_BOUND = 1e-2
 
 
-def capture(step):
-    """``step()`` warmed up on a side stream, then captured; returns the graph and the captured outputs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
-    return graph, outputs
-
-
 def random_ids(length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """doc / group ids int32 [2, length]: two packed documents per row, an image in each, some padding."""
     doc = torch.full((2, length), -1, dtype=torch.int32)
@@ -48,6 +34,22 @@ def random_ids(length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.T
         start = int(torch.randint(0, cut - 40, (1,), generator=gen))
         grp[row, start:start + 40] = 0
     return doc, grp
+
+
+def capture_graph(step):
+    """``step()`` warmed up on a side stream, then captured; returns the graph and the captured outputs (the same
+    recipe as benchmarks.measure.capture_graph, restated: these tests also run against an installed omni_hf from any
+    folder, where the benchmarks package is not importable)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
 
 
 @pytest.mark.parametrize("mask_kind", ["token_rule", "causal"])
@@ -65,7 +67,7 @@ def test_captured_attention_step_with_its_mask_build_replays_like_eager_calls(ma
         out = omni_attention(*leaves, mask)
         return (out, *torch.autograd.grad(out, leaves, dout))
 
-    graph, captured = capture(step)
+    graph, captured = capture_graph(step)
     for seed in (1, 2):  # new inputs written into the captured buffers, then replayed
         fresh = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -101,7 +103,7 @@ def test_captured_transformers_training_step_replays_like_eager():
         loss = model(input_ids=input_ids, labels=labels, omni_doc_ids=doc, omni_group_ids=grp).loss
         return (loss, *torch.autograd.grad(loss, params))
 
-    graph, captured = capture(step)
+    graph, captured = capture_graph(step)
     fresh = torch.Generator().manual_seed(4)
     input_ids.copy_(torch.randint(0, 100, (2, 300), generator=fresh))
     new_doc, new_grp = random_ids(300, fresh)
