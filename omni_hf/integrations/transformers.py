@@ -159,7 +159,8 @@ def omni_attention_forward(
         sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
         is_causal: for a missing mask (default ``module.is_causal``, else True).
         kwargs: ``omni_block_mask``, ``omni_doc_ids``, ``omni_group_ids``, ``cu_seq_lens_k`` (see the module
-            docstring); ``output_attentions`` only warns: no weights are returned.
+            docstring); ``omni_context_parallel`` (`omni_hf.context_parallel.ContextParallel`: the call is this
+            rank's shard of a row, attended over the whole row); ``output_attentions`` only warns.
     Returns:
         attn_output ``[B, Sq, Hq, D]`` and None for the weights.
     """
@@ -172,6 +173,9 @@ def omni_attention_forward(
     if kwargs.get("output_attentions"):
         logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
                             "use `eager` to get them.")
+    if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
+        out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
+        return out.transpose(1, 2).contiguous(), None
     block_mask, key_order = _layer_mask(module, query, key, attention_mask, sliding_window, is_causal, kwargs)
     if key_order is not None:
         key, value = key.index_select(2, key_order), value.index_select(2, key_order)

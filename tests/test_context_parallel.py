@@ -1,0 +1,192 @@
+"""Context parallelism (issue 18) on the CPU: gloo process groups of 2-4 ranks running the exact reference path must
+give what one process gives, for attention alone (outputs, dq, dk, dv) and for a stock Transformers model on a packed
+interleaved batch (loss and every parameter gradient); the shard cuts never split an image group and balance the
+work. Ranks run as spawned processes and write their results for the test process to compare."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import omni_hf  # noqa: F401  (registers "omni")
+from brute_force import random_token_ids, relative_error, token_rule_dense
+from omni_hf import OmniBlockMask, OmniCollator, omni_attention
+from omni_hf.context_parallel import ContextParallel, allowed_keys_per_query, balanced_bounds
+
+LENGTH = 600
+
+
+def packed_ids(seed: int, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 [batch, LENGTH] doc / group ids of packed documents (40-250 tokens) with images (8-60 tokens, unique
+    group ids, text between them) and padding at the end of the rows."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+    doc = torch.full((batch, LENGTH), -1, dtype=torch.int32)
+    grp = torch.full((batch, LENGTH), -1, dtype=torch.int32)
+    for b in range(batch):
+        start, document, group, end_of_row = 0, 0, 0, LENGTH - draw(0, 60)
+        while start < end_of_row:
+            end = min(start + draw(40, 250), end_of_row)
+            doc[b, start:end] = document
+            image = start + draw(1, 30)
+            while image < end - 8:
+                size = min(draw(8, 60), end - image)
+                grp[b, image:image + size] = group
+                group += 1
+                image += size + draw(5, 40)
+            start, document = end, document + 1
+    return doc, grp
+
+
+# ---------------------------------------------------------------------- cuts and work
+
+
+@pytest.mark.parametrize("window", [None, 1, 64])
+@pytest.mark.parametrize("seed", range(6))
+def test_allowed_keys_per_query_counts_the_token_rule(seed, window):
+    """Against the dense rule, on rows whose documents and groups recur after gaps and cross each other."""
+    doc, grp = random_token_ids(2, LENGTH, seed)
+    counts = allowed_keys_per_query(doc.numpy(), grp.numpy(), window)
+    assert np.array_equal(counts, token_rule_dense(doc, grp, LENGTH, window).sum(-1)[:, 0].numpy())
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_balanced_bounds_never_split_a_group_and_balance_the_work(seed, world_size):
+    doc, grp = packed_ids(seed)
+    cuts = balanced_bounds(doc.numpy(), grp.numpy(), world_size)
+    assert cuts[0] == 0 and cuts[-1] == LENGTH and all(b > a for a, b in zip(cuts, cuts[1:]))
+    for cut in cuts[1:-1]:  # no (document, group) pair of any row on both sides of a cut
+        for b in range(doc.shape[0]):
+            left = {(int(d), int(g)) for d, g in zip(doc[b, :cut], grp[b, :cut]) if d >= 0 and g >= 0}
+            right = {(int(d), int(g)) for d, g in zip(doc[b, cut:], grp[b, cut:]) if d >= 0 and g >= 0}
+            assert not left & right, f"the cut at {cut} splits a group of row {b}"
+
+
+def test_the_shares_of_a_row_without_images_are_within_one_query_of_equal():
+    doc = torch.repeat_interleave(torch.arange(4), torch.tensor([100, 250, 50, 200]))[None].int()
+    grp = torch.full_like(doc, -1)
+    work = allowed_keys_per_query(doc.numpy(), grp.numpy()).sum(0)
+    cuts = balanced_bounds(doc.numpy(), grp.numpy(), 3)
+    shares = [int(work[a:b].sum()) for a, b in zip(cuts, cuts[1:])]
+    assert max(shares) - min(shares) <= 2 * work.max()
+
+
+def test_an_empty_shard_is_refused():
+    doc = torch.zeros(1, 40, dtype=torch.int32)
+    grp = torch.zeros(1, 40, dtype=torch.int32)  # one image over the whole row: no valid cut
+    with pytest.raises(ValueError, match="empty shard"):
+        balanced_bounds(doc.numpy(), grp.numpy(), 2)
+
+
+# ---------------------------------------------------------------------- ranks
+
+
+def run_ranks(world_size: int, target, tmp_path, *args) -> list[dict]:
+    """Spawn ``world_size`` gloo ranks running ``target(rank, world_size, out_file, *args)``; their results."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 1000)
+    mp.start_processes(_rank_main, args=(world_size, target, str(tmp_path), args), nprocs=world_size,
+                       start_method="spawn")
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world_size)]
+
+
+def _rank_main(rank, world_size, target, folder, args):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    try:
+        torch.save(target(rank, world_size, *args), os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def attention_inputs(seed: int):
+    """float32 q [2, 4, L, 32], k, v [2, 2, L, 32], dout, and the rows' ids."""
+    gen = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(2, 4, LENGTH, 32, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 2, LENGTH, 32, generator=gen) for _ in range(2))
+    return q, k, v, dout, *packed_ids(seed)
+
+
+def attention_rank(rank, world_size, seed, window):
+    q, k, v, dout, doc, grp = attention_inputs(seed)
+    cp = ContextParallel.for_batch(doc, grp, window=window)
+    local = [cp.shard(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
+    out = cp.attention(*local, window=window)
+    out.backward(cp.shard(dout, dim=2))
+    return {"bounds": cp.bounds, "out": out.detach(), "dq": local[0].grad, "dk": local[1].grad, "dv": local[2].grad}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size, window", [(2, None), (3, 50), (4, None)])
+def test_sharded_attention_equals_the_whole_rows(world_size, window, tmp_path):
+    q, k, v, dout, doc, grp = attention_inputs(world_size)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = omni_attention(*leaves, OmniBlockMask.from_token_ids(doc, grp, window=window))
+    expected.backward(dout)
+    ranks = run_ranks(world_size, attention_rank, tmp_path, world_size, window)
+    assert all(r["bounds"] == ranks[0]["bounds"] for r in ranks)
+    got = {name: torch.cat([r[name] for r in ranks], dim=2) for name in ("out", "dq", "dk", "dv")}
+    for name, want in zip(("out", "dq", "dk", "dv"), (expected.detach(), *(t.grad for t in leaves))):
+        # the same float32 sums but for masked keys (exact zeros) and dK / dV's sum over ranks (another order)
+        assert relative_error(got[name], want) <= 1e-6, name
+
+
+# ---------------------------------------------------------------------- a stock model
+
+
+def llama(seed: int = 0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="omni")
+
+
+def packed_batch(seed: int) -> dict:
+    """One packed row of interleaved samples (image spans bidirectional) from the collator."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for length in (90, 140, 60, 200, 110):
+        ids = torch.randint(1, 100, (length,), generator=gen).tolist()
+        start = int(torch.randint(5, length - 40, (1,), generator=gen))
+        samples.append({"input_ids": ids, "modality_spans": [(start, start + 30)]})
+    return OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)(samples)
+
+
+def model_rank(rank, world_size, seed):
+    model = llama()
+    batch = packed_batch(seed)
+    cp = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"])
+    loss = model(**cp.shard_batch(batch)).loss
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    dist.all_reduce(loss.detach())
+    for grad in grads.values():
+        dist.all_reduce(grad)
+    return {"loss": loss.detach(), "grads": grads}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_stock_model_on_shards_gives_the_whole_rows_loss_and_gradients(world_size, tmp_path):
+    """Llama on a packed interleaved row: each rank runs its shard (positions, labels shifted across the cuts,
+    the row's label count), the summed losses and gradients equal one process's on the whole row."""
+    model = llama()
+    batch = packed_batch(world_size)
+    loss = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
+                 attention_mask=batch.get("attention_mask"), omni_doc_ids=batch["omni_doc_ids"],
+                 omni_group_ids=batch["omni_group_ids"]).loss
+    loss.backward()
+    ranks = run_ranks(world_size, model_rank, tmp_path, world_size)
+    assert relative_error(ranks[0]["loss"], loss.detach()) <= 1e-6
+    for name, p in model.named_parameters():
+        assert relative_error(ranks[0]["grads"][name], p.grad) <= 1e-5, name
