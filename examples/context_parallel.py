@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,32 @@ def synthetic_samples(length: int, vocab: int, seed: int) -> list[dict]:
     return samples
 
 
+def row_loss_and_gradient(model, batch: dict, sharded: bool) -> tuple[float, torch.Tensor]:
+    """The loss of the whole row and its flattened gradient: by context parallelism over the ranks, or by this
+    process alone."""
+    model.zero_grad()
+    inputs = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"]).shard_batch(batch) if sharded \
+        else {key: batch[key] for key in ("input_ids", "labels", "position_ids", "omni_doc_ids", "omni_group_ids")}
+    loss = model(**inputs).loss
+    loss.backward()
+    gradient = torch.cat([p.grad.flatten().float() for p in model.parameters()])
+    loss = loss.detach()
+    if sharded:
+        dist.all_reduce(loss)
+        dist.all_reduce(gradient)
+    model.zero_grad()
+    return loss.item(), gradient
+
+
+def check_against_one_process(model, batch: dict) -> None:
+    """Prints the whole row's loss and gradient by both routes, and how far apart they are."""
+    one_loss, one_grad = row_loss_and_gradient(model, batch, sharded=False)
+    cp_loss, cp_grad = row_loss_and_gradient(model, batch, sharded=True)
+    if dist.get_rank() == 0:
+        print(f"check: loss one process {one_loss:.6f}, context parallel {cp_loss:.6f}; gradient relative "
+              f"difference {((cp_grad - one_grad).norm() / one_grad.norm()).item():.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank)")
@@ -47,6 +74,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--check", action="store_true", help="first compare step 0's loss and gradients with one "
+                        "process running the whole row")
     args = parser.parse_args()
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank = dist.get_rank()
@@ -63,7 +92,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     collate = OmniCollator(pad_token_id=0, mode="pack", max_length=args.length, pad_to_multiple_of=args.length)
     for step in range(args.steps):
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
         batch = {key: value.to(device) for key, value in collate(synthetic_samples(args.length, 1000, step)).items()}
+        if args.check and step == 0:
+            check_against_one_process(model, batch)
         cp = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"])
         loss = model(**cp.shard_batch(batch)).loss
         loss.backward()
@@ -73,7 +107,8 @@ def main() -> None:
         optimizer.zero_grad()
         dist.all_reduce(loss := loss.detach())
         if rank == 0:
-            print(f"step {step}: loss {loss.item():.4f} (rank 0 holds tokens {cp.start}:{cp.stop} of {args.length})")
+            print(f"step {step}: loss {loss.item():.4f} (rank 0 holds tokens {cp.start}:{cp.stop} of {args.length}), "
+                  f"{args.length / (time.perf_counter() - start):.0f} tokens/s")
     dist.destroy_process_group()
 
 
