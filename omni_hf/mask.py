@@ -727,13 +727,13 @@ def _implicit_block_table(mask: OmniBlockMask) -> tuple[torch.Tensor, torch.Tens
     blocks between a row's first windowed key and its last query, FULL where every key precedes every query,
     PARTIAL (token rule, one document of text) where the window cuts the block, else CAUSAL."""
     pos = _BlockPositions(mask.q_len, mask.kv_len, mask.block_q, mask.block_kv, torch.device("cpu"))
-    q_last = pos.q_last.clamp(max=mask.kv_len - 1)
     if mask.kind == MaskKind.FULL:
         types = torch.full((pos.q_first.shape[0], pos.k_first.shape[1]), _FULL, dtype=torch.int8)
     else:
-        window = mask.window or _INT32_MAX
-        listed = (pos.k_first <= q_last) & (pos.k_last >= pos.q_first - window + 1)
-        cut = q_last - pos.k_first >= window
+        listed, cut = pos.k_first <= pos.q_last, torch.zeros((), dtype=torch.bool)
+        if mask.window is not None:
+            listed = listed & (pos.k_last >= pos.q_first - mask.window + 1)
+            cut = pos.q_last - pos.k_first >= mask.window
         types = torch.where(cut, _PARTIAL, torch.where(pos.k_last <= pos.q_first, _FULL, _CAUSAL))
         types = torch.where(listed, types, _MASKED).to(torch.int8)
     return types[None, None], torch.full(types.shape, -1, dtype=torch.int32)[None, None]
