@@ -9,7 +9,7 @@ serves every torch from 2.10 on. This module loads it, registers the ops' fake i
 - `unsupported_reason(q, mask)`: None when the kernels can run such a call, else a short reason;
 - `forward(q, k, v, mask, scale, softcap) -> (out, lse)`;
 - `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`;
-- `builds_token_masks()` and `token_mask_lists(...)`: `OmniBlockMask.from_token_ids`'s lists in two launches.
+- `token_mask_lists(...)`: `OmniBlockMask.from_token_ids`'s lists in two launches.
 
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
 hands over), out and dq are too, so transposing them back costs no copy (`output_strides`).
@@ -33,7 +33,7 @@ import torch
 from . import build as _build
 from .mask import OmniBlockMask
 
-__all__ = ["available", "unsupported_reason", "forward", "backward", "builds_token_masks", "token_mask_lists",
+__all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask_lists",
            "output_strides", "set_poison_outputs"]
 
 ABI_VERSION = 2  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
@@ -227,11 +227,6 @@ def backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: floa
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, kind,
                                          block_q, block_kv, window, scale, softcap)
-
-
-def builds_token_masks() -> bool:
-    """True when the library loads here (it builds token masks). Never raises."""
-    return available()
 
 
 def token_mask_lists(doc_ids: torch.Tensor, group_ids: torch.Tensor, q_len: int, block_q: int, block_kv: int,

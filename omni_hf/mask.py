@@ -741,12 +741,12 @@ def _implicit_block_table(mask: OmniBlockMask) -> tuple[torch.Tensor, torch.Tens
 
 def _library_builds_token_masks(ids: torch.Tensor) -> bool:
     """Whether `from_token_ids` hands these ids to the CUDA library: on a GPU, not being traced by
-    torch.compile (a ctypes call is opaque to it), not forced to PyTorch, and the library has the builder."""
+    torch.compile (the PyTorch build traces into the graph as it is), not forced to PyTorch, and the library loads."""
     if not ids.is_cuda or torch.compiler.is_compiling() or os.environ.get("OMNI_HF_BACKEND") == "reference":
         return False
     from . import _cuda
 
-    return _cuda.builds_token_masks()
+    return _cuda.available()
 
 
 def _block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:

@@ -411,7 +411,7 @@ def _library_builds_token_masks() -> bool:
         return False
     from omni_hf import _cuda
 
-    return _cuda.builds_token_masks()
+    return _cuda.available()
 
 
 @pytest.mark.gpu

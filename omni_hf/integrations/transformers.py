@@ -189,7 +189,7 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     q_len, kv_len, device = query.shape[2], key.shape[2], query.device
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
-        return _no_mask(q_len, kv_len, False, sliding_window), None
+        return OmniBlockMask.full(q_len, kv_len), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
         return _once(mask, ("block", device), lambda: (block_mask.to(device, non_blocking=True), None))
     doc_ids, group_ids = kwargs.get("omni_doc_ids"), kwargs.get("omni_group_ids")
@@ -202,7 +202,7 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     if isinstance(mask, OmniMaskSpec):
         return _once(mask, ("spec", device), lambda: _from_spec(mask, device, kwargs.get("cu_seq_lens_k")))
     if mask is None:
-        return _no_mask(q_len, kv_len, True, sliding_window), None
+        return OmniBlockMask.causal(q_len, kv_len, window=sliding_window), None  # implicit: nothing built
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return OmniBlockMask.from_dense(mask.to(device)), None
     raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
@@ -370,7 +370,3 @@ def _tile_by_tile(spec: OmniMaskSpec, device, segments: torch.Tensor | None) -> 
 
     return OmniBlockMask.from_mask_fn(mask_mod, spec.q_len, spec.kv_len, batch=spec.batch_size, device=device)
 
-
-def _no_mask(q_len: int, kv_len: int, causal: bool, window: int | None) -> OmniBlockMask:
-    """Causal attention (bottom-right aligned), or full attention for encoders: implicit masks, nothing built."""
-    return OmniBlockMask.causal(q_len, kv_len, window=window) if causal else OmniBlockMask.full(q_len, kv_len)
