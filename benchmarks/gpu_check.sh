@@ -36,7 +36,7 @@ run() {  # run STEP COMMAND...: log to $OUT/STEP.log, stop on failure
 for step in "${steps[@]}"; do
   case $step in
     tests) run tests python3 -m pytest -q --maxfail=5 -p no:cacheprovider ${OMNI_HF_TESTS:-tests/test_cuda_forward.py \
-             tests/test_cuda_backward.py tests/test_cuda_graphs.py tests/test_cuda_differential.py tests/test_mask.py \
+             tests/test_cuda_backward.py tests/test_cuda_decode.py tests/test_cuda_graphs.py tests/test_cuda_differential.py tests/test_mask.py \
              tests/test_ops.py tests/test_transformers_integration.py} ;;
     sanitize) run sanitize bash -c 'for tool in memcheck racecheck; do
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1

@@ -36,7 +36,7 @@ from .mask import OmniBlockMask
 __all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask_lists",
            "output_strides", "set_poison_outputs"]
 
-ABI_VERSION = 2  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
+ABI_VERSION = 3  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
 HEAD_DIMS = (64, 128)
 BLOCK_SIZES = (64, 128)
 _DTYPES = (torch.float16, torch.bfloat16)

@@ -1,5 +1,5 @@
 """Small forward cases for compute-sanitizer (not a pytest module): every tile kind, both block sizes, both
-head dims, tails, q_len = 1, broadcast masks, GQA. Run on a GPU as
+head dims, tails, q_len = 1, broadcast masks, GQA, the decode path. Run on a GPU as
 
     compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
@@ -31,6 +31,11 @@ def cases():
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
                    150, 333, dim, 4, 2, 10.0)
     yield OmniBlockMask.causal(1, 333), 1, 333, 128, 2, 2, None
+    # The decode path (at most 16 query rows per KV head): split keys with a merge, a window, softcap, empty rows.
+    yield OmniBlockMask.causal(1, 2049), 1, 2049, 128, 8, 2, None
+    yield OmniBlockMask.causal(3, 1031, window=50), 3, 1031, 64, 20, 4, 5.0
+    yield OmniBlockMask.full(2, 517), 2, 517, 64, 16, 2, None
+    yield OmniBlockMask.causal(4, 2), 4, 2, 128, 4, 1, None
     yield OmniBlockMask.causal(200, 333, window=70), 200, 333, 64, 2, 1, None
     yield OmniBlockMask.full(150, 333), 150, 333, 128, 4, 2, None
     # 192 CTAs of 128 rows: more than an H100 / H200 has SMs, so CTAs follow each other on an SM.

@@ -68,6 +68,19 @@ __host__ __device__ inline int implicit_block_type(const OmniMask& m, int qpos_f
   return k_last <= qpos_first ? OMNI_FULL : OMNI_CAUSAL;
 }
 
+// The keys first .. first + count - 1 that a query position in qpos_first .. qpos_last may see under an
+// implicit mask (count <= 0: none).
+__host__ __device__ inline BlockSpan implicit_key_range(const OmniMask& m, int qpos_first, int qpos_last, int kv_len) {
+  if (m.kind == OMNI_MASK_FULL) return {0, kv_len};
+  const int first = m.window > 0 ? max_int(qpos_first - m.window + 1, 0) : 0;
+  return {first, min_int(qpos_last + 1, kv_len) - first};
+}
+
+// The element rule of an implicit mask: may the query at absolute position qpos see key j (< kv_len)?
+__host__ __device__ inline bool implicit_allowed(const OmniMask& m, int qpos, int j) {
+  return m.kind == OMNI_MASK_FULL || (j <= qpos && (m.window <= 0 || qpos - j < m.window));
+}
+
 // ---------------------------------------------------------------------- the element rule per block type
 
 // CAUSAL blocks: absolute query position against key position.

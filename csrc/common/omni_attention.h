@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 2
+#define OMNI_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -99,6 +99,8 @@ typedef struct {
   float* lse;                     // [B, Hq, q_len] fp32 contiguous, natural log; -inf for empty rows
   OmniMask mask;
   void* stream;                   // cudaStream_t
+  void* workspace;                // device memory of omni_fwd_workspace_bytes() (NULL when it is 0); no init
+  size_t workspace_bytes;
 } OmniFwdParams;
 
 typedef struct {
@@ -137,6 +139,7 @@ typedef struct {
 #define OMNI_TOKEN_SUMMARY_INTS 6  // per block: least id >= 0, greatest id, key; for docs, then groups
 
 int omni_abi_version(void);
+size_t omni_fwd_workspace_bytes(const OmniFwdParams* params);  // 0 unless the call splits its keys (decode)
 int omni_fwd(const OmniFwdParams* params);
 size_t omni_bwd_workspace_bytes(const OmniBwdParams* params);
 int omni_bwd(const OmniBwdParams* params);

@@ -1,6 +1,8 @@
-// omni_fwd: validates the params and dispatches to the instantiation of their dtype and head dim: the sm_90a
-// kernel where sm90::fwd_supported says it can run the call (Hopper), else the sm_80 kernel.
+// omni_fwd: validates the params and dispatches: the decode path (common/decode.cuh) for few query rows under an
+// implicit mask, else the instantiation of their dtype and head dim: the sm_90a kernel where sm90::fwd_supported
+// says it can run the call (Hopper), else the sm_80 kernel.
 #include "sm80/fwd_api.cuh"
+#include "common/decode.cuh"
 #include "common/params_check.cuh"
 #include "sm90/fwd_api.cuh"
 #include "common/status.cuh"
@@ -21,6 +23,12 @@ int run_fwd_head_dim(const OmniFwdParams& p) {
 }  // namespace
 }  // namespace omni
 
+extern "C" size_t omni_fwd_workspace_bytes(const OmniFwdParams* params) {
+  using namespace omni;
+  if (params == nullptr || check_call_params(*params) != OMNI_OK || !decode::supported(*params)) return 0;
+  return decode::workspace_bytes(*params);
+}
+
 extern "C" int omni_fwd(const OmniFwdParams* params) {
   using namespace omni;
   clear_error();
@@ -32,5 +40,6 @@ extern "C" int omni_fwd(const OmniFwdParams* params) {
   }
   if (int s = check_device()) return s;
   if (p.batch == 0 || p.q_len == 0) return OMNI_OK;
+  if (decode::supported(p)) return decode::run(p);
   return p.dtype == OMNI_BF16 ? run_fwd_head_dim<cutlass::bfloat16_t>(p) : run_fwd_head_dim<cutlass::half_t>(p);
 }

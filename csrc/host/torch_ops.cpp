@@ -191,6 +191,14 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
   poison(lse, stream);
   p.out = view4(out, "out");
   p.lse = static_cast<float*>(lse.data_ptr());
+  const size_t bytes = omni_fwd_workspace_bytes(&p);
+  std::optional<Tensor> workspace;  // alive until the launch
+  if (bytes > 0) {
+    workspace = empty({static_cast<int64_t>(bytes)}, aoti_torch_dtype_uint8(), q);
+    poison(*workspace, stream);
+    p.workspace = workspace->data_ptr();
+    p.workspace_bytes = bytes;
+  }
   check_status(omni_fwd(&p), "omni_fwd");
   return {out, lse};
 }

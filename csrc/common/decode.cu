@@ -1,0 +1,331 @@
+// The decode path (common/decode.cuh): split-KV attention for few query rows per KV head, implicit masks.
+//
+// slice_kernel, grid (slices, heads_kv, batch), 128 threads: the R = q_len * group query rows of one KV head
+// (row r is query i = r / group of head hk * group + r % group) against one slice of the keys, 128 keys per step:
+//   scores   thread t takes key t of the step and dots it with every row (q in shared memory, fp32);
+//   softmax  per-row running max over the steps (base 2, as softmax.cuh), probabilities to shared memory;
+//   P.V      thread t takes the column pair t % (D/2) for the keys t / (D/2) + k * (256 / D) of the step.
+// All the global loads of a step (a K row and a V column pair per thread) are issued together at its start.
+// Each slice ends with its rows normalised by their own sums: written as the output when the keys are not split,
+// else as fp32 partials (o, lse) that merge_kernel combines: lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s.
+// Rows with no allowed key give o = 0, lse = -inf, as everywhere.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/decode.cuh"
+#include "common/mask_rule.cuh"
+#include "common/status.cuh"
+
+namespace omni::decode {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kStepKeys = kThreads;  // keys per step: one per thread in the score phase
+constexpr int kMaxDevices = 64;
+
+// The split of one call: `slices` CTAs per (batch, KV head), each taking `steps` steps of keys from `first_key`.
+struct Plan {
+  int first_key, num_keys;  // keys any row may see (implicit_key_range over the call's rows)
+  int slices, steps;
+};
+
+struct SliceParams {
+  OmniFwdParams p;
+  Plan plan;
+  int group;         // heads_q / heads_kv
+  float* o_part;     // [slices, B * Hq * q_len, D] fp32 (slices > 1)
+  float* lse_part;   // [slices, B * Hq * q_len] fp32 (slices > 1)
+};
+
+template <bool kBf16> struct Types;
+template <> struct Types<true> {
+  using T = __nv_bfloat16;
+  using T2 = __nv_bfloat162;
+  static __device__ float to_float(T x) { return __bfloat162float(x); }
+  static __device__ float2 to_float2(T2 x) { return __bfloat1622float2(x); }
+  static __device__ T from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ T2 zero2() { return __float2bfloat162_rn(0.f); }
+};
+template <> struct Types<false> {
+  using T = __half;
+  using T2 = __half2;
+  static __device__ float to_float(T x) { return __half2float(x); }
+  static __device__ float2 to_float2(T2 x) { return __half22float2(x); }
+  static __device__ T from_float(float x) { return __float2half_rn(x); }
+  static __device__ T2 zero2() { return __float2half2_rn(0.f); }
+};
+
+__device__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Row r of the CTA: its query head and query index.
+struct Row {
+  int head, query;
+};
+__device__ Row row_of(int r, int hk, int group) { return {hk * group + r % group, r / group}; }
+
+template <bool kBf16, int kDim, int kRows>
+__global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
+  using Ty = Types<kBf16>;
+  using T = typename Ty::T;
+  using T2 = typename Ty::T2;
+  constexpr int kPairs = kDim / 2;              // column pairs of the P.V phase
+  constexpr int kKeyGroups = kThreads / kPairs;  // keys of a step taken at once in the P.V phase
+  constexpr int kKeysPerThread = kStepKeys / kKeyGroups;
+  const OmniFwdParams& p = sp.p;
+  const int slice = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int rows = p.q_len * sp.group;
+  const bool softcap = p.softcap > 0.f;
+
+  __shared__ float q_s[kRows][kDim];            // q, pre-scaled (see below)
+  __shared__ float p_s[kRows][kStepKeys];       // probabilities of the step
+  __shared__ float warp_max_s[kThreads / 32][kRows];
+  __shared__ float row_max_s[kRows], rescale_s[kRows];
+  __shared__ float sum_s[kKeyGroups][kRows];
+  __shared__ float acc_s[kKeyGroups][kRows][kDim];  // the key groups' P.V sums, added at the end
+
+  // Without softcap the exponent is s * scale * log2(e); with it, softcap * log2(e) * tanh(s * scale / softcap).
+  const float q_scale = softcap ? p.scale / p.softcap : p.scale * float(M_LOG2E);
+  const float exp_scale = softcap ? p.softcap * float(M_LOG2E) : 1.f;
+  for (int idx = tid; idx < kRows * kDim; idx += kThreads) {
+    const int r = idx / kDim, d = idx % kDim;
+    float x = 0.f;
+    if (r < rows) {
+      const Row row = row_of(r, hk, sp.group);
+      const T* q = static_cast<const T*>(p.q.ptr) + b * p.q.stride_b + row.head * p.q.stride_h + row.query * p.q.stride_s;
+      x = Ty::to_float(q[d]) * q_scale;
+    }
+    q_s[r][d] = x;
+  }
+  if (tid < kRows) row_max_s[tid] = -INFINITY;
+
+  const T* k_head = static_cast<const T*>(p.k.ptr) + b * p.k.stride_b + hk * p.k.stride_h;
+  const T* v_head = static_cast<const T*>(p.v.ptr) + b * p.v.stride_b + hk * p.v.stride_h;
+  const int offset = p.kv_len - p.q_len;  // bottom-right alignment
+  const int pair = tid % kPairs, key_group = tid / kPairs;
+  float acc[kRows][2] = {};
+  float sum[kRows] = {};
+
+  const int key_end = sp.plan.first_key + sp.plan.num_keys;
+  const int slice_first = sp.plan.first_key + slice * sp.plan.steps * kStepKeys;
+  for (int step = 0; step < sp.plan.steps; ++step) {
+    const int base = slice_first + step * kStepKeys;
+    if (base >= key_end) break;
+    // Every load of the step first (so that they are in flight together): this thread's key row of K for the
+    // scores and its column pair of V for the keys it sums in the P.V phase (zeros past the slice's keys).
+    const int j = base + tid;
+    const int step_keys = min_int(kStepKeys, key_end - base);
+    uint4 k_vec[kDim / 8];
+    T2 v_pair[kKeysPerThread];
+    const uint4* k_row = reinterpret_cast<const uint4*>(k_head + static_cast<int64_t>(j) * p.k.stride_s);
+#pragma unroll
+    for (int c = 0; c < kDim / 8; ++c) k_vec[c] = j < key_end ? k_row[c] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i) {
+      const int jj = key_group + i * kKeyGroups;
+      v_pair[i] = jj < step_keys ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
+                                 : Ty::zero2();
+    }
+    __syncthreads();  // q_s written / the previous step's p_s and row_max_s read
+    // Scores of key j against every row.
+    float s[kRows] = {};
+#pragma unroll
+    for (int c = 0; c < kDim / 8; ++c) {
+      const T2* h = reinterpret_cast<const T2*>(&k_vec[c]);
+      float kf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = Ty::to_float2(h[e]);
+        kf[2 * e] = f.x;
+        kf[2 * e + 1] = f.y;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[r] = fmaf(q_s[r][c * 8 + e], kf[e], s[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool allowed = r < rows && j < key_end && implicit_allowed(p.mask, row_of(r, hk, sp.group).query + offset, j);
+      s[r] = !allowed ? -INFINITY : softcap ? tanhf(s[r]) * exp_scale : s[r];
+      const float m = warp_max(s[r]);
+      if (tid % 32 == 0) warp_max_s[tid / 32][r] = m;
+    }
+    __syncthreads();
+    if (tid < kRows) {
+      float m = row_max_s[tid];
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_max_s[w][tid]);
+      // A row still without an allowed key keeps max -inf; its rescale is irrelevant (everything is 0).
+      rescale_s[tid] = m == -INFINITY ? 1.f : exp2f(row_max_s[tid] - m);
+      row_max_s[tid] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float m = row_max_s[r];
+      p_s[r][tid] = m == -INFINITY ? 0.f : exp2f(s[r] - m);
+    }
+    __syncthreads();
+    // P.V of the step.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float rescale = rescale_s[r];
+      acc[r][0] *= rescale;
+      acc[r][1] *= rescale;
+      sum[r] *= rescale;
+    }
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i) {
+      const int jj = key_group + i * kKeyGroups;  // past step_keys: p = 0 and v = 0
+      const float2 v = Ty::to_float2(v_pair[i]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pr = p_s[r][jj];
+        acc[r][0] = fmaf(pr, v.x, acc[r][0]);
+        acc[r][1] = fmaf(pr, v.y, acc[r][1]);
+        sum[r] += pr;
+      }
+    }
+  }
+
+  // Add up the key groups.
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    acc_s[key_group][r][2 * pair] = acc[r][0];
+    acc_s[key_group][r][2 * pair + 1] = acc[r][1];
+  }
+  if (pair == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sum_s[key_group][r] = sum[r];
+  }
+  __syncthreads();
+  const int64_t rows_total = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
+  for (int idx = tid; idx < rows * kDim; idx += kThreads) {
+    const int r = idx / kDim, d = idx % kDim;
+    float o = 0.f, l = 0.f;
+#pragma unroll
+    for (int g = 0; g < kKeyGroups; ++g) {
+      o += acc_s[g][r][d];
+      l += sum_s[g][r];
+    }
+    const bool empty = l == 0.f;
+    o = empty ? 0.f : o / l;
+    const float lse = empty ? -INFINITY : (row_max_s[r] + log2f(l)) * float(M_LN2);
+    const Row row = row_of(r, hk, sp.group);
+    const int64_t n = (static_cast<int64_t>(b) * p.heads_q + row.head) * p.q_len + row.query;
+    if (sp.plan.slices == 1) {
+      T* out = static_cast<T*>(p.out.ptr) + b * p.out.stride_b + row.head * p.out.stride_h + row.query * p.out.stride_s;
+      out[d] = Ty::from_float(o);
+      if (d == 0) p.lse[n] = lse;
+    } else {
+      sp.o_part[(slice * rows_total + n) * kDim + d] = o;
+      if (d == 0) sp.lse_part[slice * rows_total + n] = lse;
+    }
+  }
+}
+
+// One CTA per query row (b, head, query) of the call, one thread per column: merges the slices' partials.
+template <bool kBf16, int kDim>
+__global__ void __launch_bounds__(kDim) merge_kernel(const SliceParams sp) {
+  using Ty = Types<kBf16>;
+  const OmniFwdParams& p = sp.p;
+  const int64_t n = blockIdx.x, rows_total = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
+  const int d = threadIdx.x, slices = sp.plan.slices;
+  float lse_max = -INFINITY;
+  for (int s = 0; s < slices; ++s) lse_max = fmaxf(lse_max, sp.lse_part[s * rows_total + n]);
+  float total = 0.f, o = 0.f;
+  if (lse_max != -INFINITY) {
+    for (int s = 0; s < slices; ++s) {
+      const float w = expf(sp.lse_part[s * rows_total + n] - lse_max);
+      total += w;
+      o = fmaf(w, sp.o_part[(s * rows_total + n) * kDim + d], o);
+    }
+    o /= total;
+  }
+  const int query = static_cast<int>(n % p.q_len);
+  const int64_t bh = n / p.q_len;
+  const int head = static_cast<int>(bh % p.heads_q), b = static_cast<int>(bh / p.heads_q);
+  typename Ty::T* out = static_cast<typename Ty::T*>(p.out.ptr) + b * p.out.stride_b + head * p.out.stride_h +
+                        query * p.out.stride_s;
+  out[d] = Ty::from_float(o);
+  if (d == 0) p.lse[n] = lse_max == -INFINITY ? -INFINITY : lse_max + logf(total);
+}
+
+int multiprocessors() {
+  static int count[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
+  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
+  return count[device] > 0 ? count[device] : 1;
+}
+
+// Slices so that about two CTAs per multiprocessor run, never a step of keys split, none empty.
+Plan plan(const OmniFwdParams& p) {
+  const BlockSpan keys = implicit_key_range(p.mask, p.kv_len - p.q_len, p.kv_len - 1, p.kv_len);
+  Plan plan{keys.first, max_int(keys.count, 0), 1, 0};
+  const int total_steps = (plan.num_keys + kStepKeys - 1) / kStepKeys;
+  if (total_steps == 0) return plan;
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.heads_kv;
+  const int wanted = static_cast<int>(min_int(total_steps, max_int(1, static_cast<int>((2 * multiprocessors() + ctas - 1) / ctas))));
+  plan.steps = (total_steps + wanted - 1) / wanted;
+  plan.slices = (total_steps + plan.steps - 1) / plan.steps;
+  return plan;
+}
+
+template <bool kBf16, int kDim, int kRows>
+int launch(const SliceParams& sp) {
+  const OmniFwdParams& p = sp.p;
+  const dim3 grid(sp.plan.slices, p.heads_kv, p.batch);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  slice_kernel<kBf16, kDim, kRows><<<grid, kThreads, 0, stream>>>(sp);
+  if (int s = check_cuda(cudaGetLastError(), "decode slice_kernel launch")) return s;
+  if (sp.plan.slices == 1) return OMNI_OK;
+  merge_kernel<kBf16, kDim><<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads_q * p.q_len), kDim, 0, stream>>>(sp);
+  return check_cuda(cudaGetLastError(), "decode merge_kernel launch");
+}
+
+template <bool kBf16, int kDim>
+int launch_rows(const SliceParams& sp, int rows) {
+  if (rows <= 4) return launch<kBf16, kDim, 4>(sp);
+  if (rows <= 8) return launch<kBf16, kDim, 8>(sp);
+  return launch<kBf16, kDim, kMaxRows>(sp);
+}
+
+}  // namespace
+
+bool supported(const OmniFwdParams& p) {
+  return p.mask.kind != OMNI_MASK_BLOCKS && (p.head_dim == 64 || p.head_dim == 128) && p.q_len >= 1 &&
+         static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= kMaxRows;
+}
+
+size_t workspace_bytes(const OmniFwdParams& p) {
+  const Plan s = plan(p);
+  if (s.slices == 1) return 0;
+  return static_cast<size_t>(s.slices) * p.batch * p.heads_q * p.q_len * (p.head_dim + 1) * sizeof(float);
+}
+
+int run(const OmniFwdParams& p) {
+  SliceParams sp{p, plan(p), p.heads_q / p.heads_kv, nullptr, nullptr};
+  if (sp.plan.slices > 1) {
+    const size_t needed = workspace_bytes(p);
+    if (p.workspace == nullptr || p.workspace_bytes < needed)
+      return fail(OMNI_ERR_WORKSPACE, "the decode path needs %zu bytes of workspace, got %zu", needed,
+                  p.workspace == nullptr ? size_t{0} : p.workspace_bytes);
+    sp.o_part = static_cast<float*>(p.workspace);
+    sp.lse_part = sp.o_part + static_cast<size_t>(sp.plan.slices) * p.batch * p.heads_q * p.q_len * p.head_dim;
+  }
+  const int rows = p.q_len * sp.group;
+  if (p.dtype == OMNI_BF16)
+    return p.head_dim == 64 ? launch_rows<true, 64>(sp, rows) : launch_rows<true, 128>(sp, rows);
+  return p.head_dim == 64 ? launch_rows<false, 64>(sp, rows) : launch_rows<false, 128>(sp, rows);
+}
+
+}  // namespace omni::decode
