@@ -63,7 +63,7 @@ def omni_attention(
     backend = _backend(q, block_mask)
     tensors, sizes = block_mask._op_args()
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _Attention.apply(q, k, v, backend, sizes, scale, softcap, *tensors)
+        out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale, softcap)
     else:
         out, lse = _forward(backend, q, k, v, tensors, sizes, scale, softcap)
     return (out, lse) if return_lse else out
@@ -100,29 +100,27 @@ def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, s
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd of `omni_attention`: ``forward(q, k, v, backend, mask_sizes, scale, softcap, *mask_tensors)
-    -> (out, lse)``; lse is not differentiable. The mask travels flattened so that Dynamo sees only tensors
-    and constants."""
+    """Autograd of `omni_attention`: ``forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap)
+    -> (out, lse)``; lse is not differentiable. The mask travels flattened (`OmniBlockMask._op_args`) so that
+    Dynamo sees only tensors and constants; its tensors never need a gradient, so they ride on ctx rather than
+    through save_for_backward, which keeps the call's argument count (and its host cost) small."""
 
     @staticmethod
-    def forward(ctx, q, k, v, backend, mask_sizes, scale, softcap, *mask_tensors):
+    def forward(ctx, q, k, v, backend, mask_tensors, mask_sizes, scale, softcap):
         out, lse = _forward(backend, q, k, v, mask_tensors, mask_sizes, scale, softcap)
-        present = [t is not None for t in mask_tensors]
-        ctx.save_for_backward(q, k, v, out, lse, *(t for t in mask_tensors if t is not None))
-        ctx.args = present, mask_sizes, backend, scale, softcap
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = backend, mask_tensors, mask_sizes, scale, softcap
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for lse's gradient
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, *held = ctx.saved_tensors
-        present, sizes, backend, scale, softcap = ctx.args
-        held = iter(held)
-        tensors = [next(held) if p else None for p in present]
+        q, k, v, out, lse = ctx.saved_tensors
+        backend, tensors, sizes, scale, softcap = ctx.args
         grads = (None, None, None) if grad_out is None else _backward(
             backend, grad_out, q, k, v, out, lse, tensors, sizes, scale, softcap)
-        return (*grads, None, None, None, None, *(None for _ in present))
+        return (*grads, None, None, None, None, None)
 
 
 @torch.library.custom_op("omni_hf::reference_forward", mutates_args=())
