@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds, backends interleaved in each")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, backends interleaved in each")
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     sdpa = model_with("sdpa", None)
