@@ -455,9 +455,7 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
     elif source.startswith("packed"):
         positions = restarting_positions(q_len, seed)
         inner, local = (sliding, window) if "sliding" in source else (hf.causal_mask_function, None)
-        packed = hf.find_packed_sequence_indices(positions)
-        args |= dict(mask_function=hf.packed_sequence_compatibility_function(inner, positions, packed),
-                     local_size=local)
+        args |= dict(mask_function=packed_mask_function(inner, positions), local_size=local)
     elif source.startswith("image blocks"):
         inner, local = (sliding, window) if "sliding" in source else (hf.causal_mask_function, None)
         args |= dict(mask_function=hf.or_masks(inner, hf.blockwise_overlay(block_sequence_ids(q_len, seed))),
@@ -470,6 +468,15 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
     if attention_mask is not None:
         rows = attention_mask[:, past:past + q_len]
     return args, rows
+
+
+def packed_mask_function(inner, positions: torch.Tensor):
+    """``inner`` composed with packing by ``positions`` as the installed Transformers' `create_causal_mask` does it:
+    5.24 remaps the positions and ands the packed sequences' ids, 5.17 - 5.23 had one compatibility function."""
+    packed = hf.find_packed_sequence_indices(positions)
+    if hasattr(hf, "packed_sequence_compatibility_function"):
+        return hf.packed_sequence_compatibility_function(inner, positions, packed)
+    return hf.and_masks(hf.remap_positions_for_packed_sequence(inner, positions), hf.packed_sequence_mask_function(packed))
 
 
 def hf_paddings(source: str) -> tuple[str, ...]:
