@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import reference
+from . import _cuda, reference
 from .mask import OmniBlockMask
 
 __all__ = ["omni_attention"]
@@ -78,8 +78,6 @@ def _forward(backend: str, q, k, v, mask_tensors, mask_sizes, scale: float, soft
     """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask._op_args`; the reference runs as its
     custom op while compiling (opaque to Dynamo)."""
     if backend == _CUDA:
-        from . import _cuda
-
         return _cuda.forward_flat(q, k, v, mask_tensors, mask_sizes, scale, softcap)
     if torch.compiler.is_compiling():
         return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap)
@@ -90,8 +88,6 @@ def _forward(backend: str, q, k, v, mask_tensors, mask_sizes, scale: float, soft
 def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
     """(dq, dk, dv) of ``backend`` from the forward's out and lse."""
     if backend == _CUDA:
-        from . import _cuda
-
         return _cuda.backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
     if torch.compiler.is_compiling():
         return reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
@@ -166,8 +162,6 @@ def _backend(q: torch.Tensor, mask: OmniBlockMask) -> str:
         return _REFERENCE
     if choice not in ("auto", "cuda"):
         raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
-    from . import _cuda
-
     reason = _cuda.unsupported_reason(q, mask)
     if reason is None:
         return _CUDA

@@ -22,7 +22,7 @@ STEP_KEYS = 128  # keys per step of the slice kernel (its thread count)
 def _run_and_check(batch, heads_kv, group, q_len, kv_len, dim, dtype, mask, *, softcap=None, bshd=False, seed=0):
     q, k, v = _qkv(batch, heads_kv * group, heads_kv, q_len, kv_len, dim, dtype, seed, bshd=bshd)
     ran = kernel_names(lambda: assert_matches_reference(
-        q, k, v, mask, softcap=softcap, lse_atol=LSE_ATOL_SOFTCAP if softcap else 2e-3), "decode")
+        q, k, v, mask, softcap=softcap, lse_atol=LSE_ATOL_SOFTCAP if softcap else 2e-3), "omni")
     return ran
 
 

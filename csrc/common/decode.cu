@@ -7,17 +7,17 @@
 //   P.V      thread t takes the column pair t % (D/2) for the keys t / (D/2) + k * (256 / D) of the step.
 // All the global loads of a step (a K row and a V column pair per thread) are issued together at its start.
 // Each slice ends with its rows normalised by their own sums: written as the output when the keys are not split,
-// else as fp32 partials (o, lse) that merge_kernel combines: lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s.
+// else as fp32 partials that merge_slices (common/split_kv.cuh) combines.
 // Rows with no allowed key give o = 0, lse = -inf, as everywhere.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "common/decode.cuh"
+#include "common/half.cuh"
 #include "common/mask_rule.cuh"
+#include "common/split_kv.cuh"
 #include "common/status.cuh"
 
 namespace omni::decode {
@@ -25,7 +25,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kStepKeys = kThreads;  // keys per step: one per thread in the score phase
-constexpr int kMaxDevices = 64;
 
 // The split of one call: `slices` CTAs per (batch, KV head), each taking `steps` steps of keys from `first_key`.
 struct Plan {
@@ -36,27 +35,8 @@ struct Plan {
 struct SliceParams {
   OmniFwdParams p;
   Plan plan;
-  int group;         // heads_q / heads_kv
-  float* o_part;     // [slices, B * Hq * q_len, D] fp32 (slices > 1)
-  float* lse_part;   // [slices, B * Hq * q_len] fp32 (slices > 1)
-};
-
-template <bool kBf16> struct Types;
-template <> struct Types<true> {
-  using T = __nv_bfloat16;
-  using T2 = __nv_bfloat162;
-  static __device__ float to_float(T x) { return __bfloat162float(x); }
-  static __device__ float2 to_float2(T2 x) { return __bfloat1622float2(x); }
-  static __device__ T from_float(float x) { return __float2bfloat16_rn(x); }
-  static __device__ T2 zero2() { return __float2bfloat162_rn(0.f); }
-};
-template <> struct Types<false> {
-  using T = __half;
-  using T2 = __half2;
-  static __device__ float to_float(T x) { return __half2float(x); }
-  static __device__ float2 to_float2(T2 x) { return __half22float2(x); }
-  static __device__ T from_float(float x) { return __float2half_rn(x); }
-  static __device__ T2 zero2() { return __float2half2_rn(0.f); }
+  int group;               // heads_q / heads_kv
+  SplitPartials partials;  // where slices write when there are several (common/split_kv.cuh)
 };
 
 __device__ float warp_max(float x) {
@@ -72,9 +52,8 @@ __device__ Row row_of(int r, int hk, int group) { return {hk * group + r % group
 
 template <bool kBf16, int kDim, int kRows>
 __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
-  using Ty = Types<kBf16>;
-  using T = typename Ty::T;
-  using T2 = typename Ty::T2;
+  using T = Half<kBf16>;
+  using T2 = Half2<kBf16>;
   constexpr int kPairs = kDim / 2;              // column pairs of the P.V phase
   constexpr int kKeyGroups = kThreads / kPairs;  // keys of a step taken at once in the P.V phase
   constexpr int kKeysPerThread = kStepKeys / kKeyGroups;
@@ -99,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
     if (r < rows) {
       const Row row = row_of(r, hk, sp.group);
       const T* q = static_cast<const T*>(p.q.ptr) + b * p.q.stride_b + row.head * p.q.stride_h + row.query * p.q.stride_s;
-      x = Ty::to_float(q[d]) * q_scale;
+      x = float(q[d]) * q_scale;
     }
     q_s[r][d] = x;
   }
@@ -130,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int jj = key_group + i * kKeyGroups;
       v_pair[i] = jj < step_keys ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
-                                 : Ty::zero2();
+                                 : T2(T(0.f), T(0.f));
     }
     __syncthreads();  // q_s written / the previous step's p_s and row_max_s read
     // Scores of key j against every row.
@@ -141,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
       float kf[8];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 f = Ty::to_float2(h[e]);
+        const float2 f = to_float2(h[e]);
         kf[2 * e] = f.x;
         kf[2 * e + 1] = f.y;
       }
@@ -185,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
 #pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int jj = key_group + i * kKeyGroups;  // past step_keys: p = 0 and v = 0
-      const float2 v = Ty::to_float2(v_pair[i]);
+      const float2 v = to_float2(v_pair[i]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float pr = p_s[r][jj];
@@ -223,48 +202,13 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
     const int64_t n = (static_cast<int64_t>(b) * p.heads_q + row.head) * p.q_len + row.query;
     if (sp.plan.slices == 1) {
       T* out = static_cast<T*>(p.out.ptr) + b * p.out.stride_b + row.head * p.out.stride_h + row.query * p.out.stride_s;
-      out[d] = Ty::from_float(o);
+      out[d] = T(o);
       if (d == 0) p.lse[n] = lse;
     } else {
-      sp.o_part[(slice * rows_total + n) * kDim + d] = o;
-      if (d == 0) sp.lse_part[slice * rows_total + n] = lse;
+      sp.partials.o[(slice * rows_total + n) * kDim + d] = o;
+      if (d == 0) sp.partials.lse[slice * rows_total + n] = lse;
     }
   }
-}
-
-// One CTA per query row (b, head, query) of the call, one thread per column: merges the slices' partials.
-template <bool kBf16, int kDim>
-__global__ void __launch_bounds__(kDim) merge_kernel(const SliceParams sp) {
-  using Ty = Types<kBf16>;
-  const OmniFwdParams& p = sp.p;
-  const int64_t n = blockIdx.x, rows_total = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
-  const int d = threadIdx.x, slices = sp.plan.slices;
-  float lse_max = -INFINITY;
-  for (int s = 0; s < slices; ++s) lse_max = fmaxf(lse_max, sp.lse_part[s * rows_total + n]);
-  float total = 0.f, o = 0.f;
-  if (lse_max != -INFINITY) {
-    for (int s = 0; s < slices; ++s) {
-      const float w = expf(sp.lse_part[s * rows_total + n] - lse_max);
-      total += w;
-      o = fmaf(w, sp.o_part[(s * rows_total + n) * kDim + d], o);
-    }
-    o /= total;
-  }
-  const int query = static_cast<int>(n % p.q_len);
-  const int64_t bh = n / p.q_len;
-  const int head = static_cast<int>(bh % p.heads_q), b = static_cast<int>(bh / p.heads_q);
-  typename Ty::T* out = static_cast<typename Ty::T*>(p.out.ptr) + b * p.out.stride_b + head * p.out.stride_h +
-                        query * p.out.stride_s;
-  out[d] = Ty::from_float(o);
-  if (d == 0) p.lse[n] = lse_max == -INFINITY ? -INFINITY : lse_max + logf(total);
-}
-
-int multiprocessors() {
-  static int count[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
-  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
-  return count[device] > 0 ? count[device] : 1;
 }
 
 // Slices so that about two CTAs per multiprocessor run, never a step of keys split, none empty.
@@ -287,9 +231,7 @@ int launch(const SliceParams& sp) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   slice_kernel<kBf16, kDim, kRows><<<grid, kThreads, 0, stream>>>(sp);
   if (int s = check_cuda(cudaGetLastError(), "decode slice_kernel launch")) return s;
-  if (sp.plan.slices == 1) return OMNI_OK;
-  merge_kernel<kBf16, kDim><<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads_q * p.q_len), kDim, 0, stream>>>(sp);
-  return check_cuda(cudaGetLastError(), "decode merge_kernel launch");
+  return sp.plan.slices == 1 ? OMNI_OK : merge_slices(p, sp.partials);
 }
 
 template <bool kBf16, int kDim>
@@ -306,21 +248,12 @@ bool supported(const OmniFwdParams& p) {
          static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= kMaxRows;
 }
 
-size_t workspace_bytes(const OmniFwdParams& p) {
-  const Plan s = plan(p);
-  if (s.slices == 1) return 0;
-  return static_cast<size_t>(s.slices) * p.batch * p.heads_q * p.q_len * (p.head_dim + 1) * sizeof(float);
-}
+size_t workspace_bytes(const OmniFwdParams& p) { return split_workspace_bytes(p, plan(p).slices); }
 
 int run(const OmniFwdParams& p) {
-  SliceParams sp{p, plan(p), p.heads_q / p.heads_kv, nullptr, nullptr};
+  SliceParams sp{p, plan(p), p.heads_q / p.heads_kv, {}};
   if (sp.plan.slices > 1) {
-    const size_t needed = workspace_bytes(p);
-    if (p.workspace == nullptr || p.workspace_bytes < needed)
-      return fail(OMNI_ERR_WORKSPACE, "the decode path needs %zu bytes of workspace, got %zu", needed,
-                  p.workspace == nullptr ? size_t{0} : p.workspace_bytes);
-    sp.o_part = static_cast<float*>(p.workspace);
-    sp.lse_part = sp.o_part + static_cast<size_t>(sp.plan.slices) * p.batch * p.heads_q * p.q_len * p.head_dim;
+    if (int s = split_partials(p, sp.plan.slices, "the decode path", &sp.partials)) return s;
   }
   const int rows = p.q_len * sp.group;
   if (p.dtype == OMNI_BF16)

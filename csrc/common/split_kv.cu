@@ -1,0 +1,92 @@
+// merge_slices (common/split_kv.cuh): one warp per query row, each lane a run of D / 32 contiguous columns.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/half.cuh"
+#include "common/split_kv.cuh"
+#include "common/status.cuh"
+
+namespace omni {
+namespace {
+
+constexpr int kRowsPerCta = 4;  // warps of a merge CTA
+constexpr int kMaxDevices = 64;
+
+template <bool kBf16, int kDim>
+__global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
+  constexpr int kPerLane = kDim / 32;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
+  if (n >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float lse_max = -INFINITY;
+  for (int s = 0; s < part.slices; ++s) lse_max = fmaxf(lse_max, part.lse[s * rows + n]);
+  float o[kPerLane] = {};
+  float total = 0.f;
+  if (lse_max != -INFINITY) {
+    for (int s = 0; s < part.slices; ++s) {
+      const float w = expf(part.lse[s * rows + n] - lse_max);
+      const float* o_s = part.o + (s * rows + n) * kDim + lane * kPerLane;
+      total += w;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) o[e] = fmaf(w, o_s[e], o[e]);
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const int query = static_cast<int>(n % p.q_len);
+  const int64_t bh = n / p.q_len;
+  const int head = static_cast<int>(bh % p.heads_q), b = static_cast<int>(bh / p.heads_q);
+  Half<kBf16>* out = static_cast<Half<kBf16>*>(p.out.ptr) + b * p.out.stride_b + head * p.out.stride_h +
+                     query * p.out.stride_s + lane * kPerLane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) out[e] = Half<kBf16>(o[e] * inv);
+  if (lane == 0) p.lse[n] = lse_max == -INFINITY ? -INFINITY : lse_max + logf(total);
+}
+
+template <bool kBf16>
+int launch_merge(const OmniFwdParams& p, const SplitPartials& part) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
+  const dim3 grid(static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta));
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.head_dim == 64) {
+    merge_kernel<kBf16, 64><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
+  } else {
+    merge_kernel<kBf16, 128><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
+  }
+  return check_cuda(cudaGetLastError(), "merge_kernel launch");
+}
+
+}  // namespace
+
+size_t split_workspace_bytes(const OmniFwdParams& p, int slices) {
+  if (slices <= 1) return 0;
+  return static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * (p.head_dim + 1) * sizeof(float);
+}
+
+int split_partials(const OmniFwdParams& p, int slices, const char* who, SplitPartials* partials) {
+  const size_t needed = split_workspace_bytes(p, slices);
+  if (p.workspace == nullptr || p.workspace_bytes < needed)
+    return fail(OMNI_ERR_WORKSPACE, "%s needs %zu bytes of workspace for %d slices, got %zu", who, needed, slices,
+                p.workspace == nullptr ? size_t{0} : p.workspace_bytes);
+  partials->o = static_cast<float*>(p.workspace);
+  partials->lse = partials->o + static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * p.head_dim;
+  partials->slices = slices;
+  return OMNI_OK;
+}
+
+int merge_slices(const OmniFwdParams& p, const SplitPartials& partials) {
+  if (p.head_dim != 64 && p.head_dim != 128) return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim);
+  return p.dtype == OMNI_BF16 ? launch_merge<true>(p, partials) : launch_merge<false>(p, partials);
+}
+
+int multiprocessors() {
+  static int count[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
+  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
+  return count[device] > 0 ? count[device] : 1;
+}
+
+}  // namespace omni
