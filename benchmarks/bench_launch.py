@@ -8,7 +8,8 @@ For each case (a prebuilt mask; inputs on the GPU):
 - ``gpu us``: the kernels' own time, CUDA events around the same calls replayed from a CUDA graph (no launch gaps);
 - ``wall us``: one call and a sync, median (what a lone call costs end to end).
 Cases: decode (q 1 x 16 heads, kv 2048 x 4 heads, D 128, bf16, causal), the small training shapes (B 1, H 8, D 64,
-fp16, S 512 / 2048) with an implicit causal mask and a token-rule VLM mask, forward and forward+backward. Then the
+fp16, S 512 / 1024 / 2048) with an implicit causal mask and a token-rule VLM mask, forward and forward+backward;
+SDPA beside them (FlashAttention-2 for decode and S 512, cuDNN for causal S 1024 / 2048: its best there). Then the
 mask builders per call: `OmniBlockMask.causal`, `OmniBlockMask.full` and `from_token_ids` on the GPU. A table is
 printed last; JSON goes to ``--out`` (default $OUT, else benchmarks/results/).
 """
@@ -90,14 +91,15 @@ def attention_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: in
     rows = []
     for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
         row = {"case": name, "mode": mode, "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300))}
-        row["gpu_us"] = gpu_us(fn, 50) if mode == "fwd" else gpu_us_backward(leaves, mask, dout)
+        row["gpu_us"] = gpu_us(fn, 50 if mode == "fwd" else 20)
         rows.append(row)
     return rows
 
 
 def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int, dim: int,
-              dtype: torch.dtype, calls: int) -> list[dict]:
-    """The same rows for SDPA with ``is_causal`` on its FlashAttention backend (the host cost of a plain peer)."""
+              dtype: torch.dtype, calls: int, backend: str = "FLASH_ATTENTION") -> list[dict]:
+    """The same rows for SDPA with ``is_causal`` on one of its backends (``SDPBackend`` name): a plain peer's host
+    cost, and its kernels' time beside omni's."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     gen = torch.Generator("cuda").manual_seed(0)
@@ -108,7 +110,7 @@ def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv
     causal = q_len == kv_len  # decode: one query sees every key
 
     def attend(*qkv):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
             return torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal,
                                                                     enable_gqa=heads_q != heads_kv)
 
@@ -119,18 +121,19 @@ def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv
     def forward_backward():
         torch.autograd.grad(attend(*leaves), leaves, dout)
 
-    return [{"case": f"sdpa-fa2 {name}", "mode": mode, "host_us": host_us(fn, calls),
-             "wall_us": wall_us(fn, min(calls, 300)), "gpu_us": float("nan")}
+    label = {"FLASH_ATTENTION": "fa2", "CUDNN_ATTENTION": "cudnn"}.get(backend, backend.lower())
+    return [{"case": f"sdpa-{label} {name}", "mode": mode, "host_us": host_us(fn, calls),
+             "wall_us": wall_us(fn, min(calls, 300)), "gpu_us": captured_gpu_us(fn, 50 if mode == "fwd" else 20)}
             for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward))]
 
 
-def gpu_us_backward(leaves, mask, dout) -> float:
-    """Device time of forward+backward, replayed from a graph that captures the whole step."""
-    def step():
-        out = omni_attention(*leaves, mask)
-        torch.autograd.grad(out, leaves, dout)
-
-    return gpu_us(step, 20)
+def captured_gpu_us(fn, calls: int) -> float:
+    """`gpu_us`, or NaN where the peer's kernels refuse CUDA-graph capture."""
+    try:
+        return gpu_us(fn, calls)
+    except RuntimeError as err:
+        print(f"no graph timing: {str(err).splitlines()[0]}", file=sys.stderr)
+        return float("nan")
 
 
 def build_case(name: str, fn, calls: int) -> dict:
@@ -148,9 +151,12 @@ def main(argv: list[str] | None = None) -> None:
                           OmniBlockMask.causal(1, 2048), calls)
     rows += sdpa_case("decode q1 kv2048 H16/4 D128", 1, 16, 4, 1, 2048, 128, torch.bfloat16, calls)
     rows += sdpa_case("small S512 H8 D64 causal", 1, 8, 8, 512, 512, 64, torch.float16, calls)
-    for seq_len in (512, 2048):
+    for seq_len in (512, 1024, 2048):
         rows += attention_case(f"small S{seq_len} H8 D64 causal", 1, 8, 8, seq_len, seq_len, 64, torch.float16,
                                OmniBlockMask.causal(seq_len), calls)
+        if seq_len > 512:
+            rows += sdpa_case(f"small S{seq_len} H8 D64 causal", 1, 8, 8, seq_len, seq_len, 64, torch.float16, calls,
+                              backend="CUDNN_ATTENTION")
         vlm = layouts.build("vlm", seq_len).omni_mask(128, "cuda")
         rows += attention_case(f"small S{seq_len} H8 D64 vlm", 1, 8, 8, seq_len, seq_len, 64, torch.float16, vlm,
                                calls)
