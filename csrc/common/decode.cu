@@ -11,11 +11,13 @@
 // Rows with no allowed key give o = 0, lse = -inf, as everywhere.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "common/decode.cuh"
 #include "common/half.cuh"
+#include "common/launch.cuh"
 #include "common/mask_rule.cuh"
 #include "common/split_kv.cuh"
 #include "common/status.cuh"
@@ -217,9 +219,9 @@ Plan plan(const OmniFwdParams& p) {
   Plan plan{keys.first, max_int(keys.count, 0), 1, 0};
   const int total_steps = (plan.num_keys + kStepKeys - 1) / kStepKeys;
   if (total_steps == 0) return plan;
-  const int64_t ctas = static_cast<int64_t>(p.batch) * p.heads_kv;
-  const int wanted = static_cast<int>(min_int(total_steps, max_int(1, static_cast<int>((2 * multiprocessors() + ctas - 1) / ctas))));
-  plan.steps = (total_steps + wanted - 1) / wanted;
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.heads_kv;  // CTAs per slice
+  const int64_t wanted = std::min<int64_t>(total_steps, (2 * multiprocessors() + ctas - 1) / ctas);  // >= 1
+  plan.steps = static_cast<int>((total_steps + wanted - 1) / wanted);
   plan.slices = (total_steps + plan.steps - 1) / plan.steps;
   return plan;
 }
@@ -244,7 +246,7 @@ int launch_rows(const SliceParams& sp, int rows) {
 }  // namespace
 
 bool supported(const OmniFwdParams& p) {
-  return p.mask.kind != OMNI_MASK_BLOCKS && (p.head_dim == 64 || p.head_dim == 128) && p.q_len >= 1 &&
+  return p.mask.kind != OMNI_MASK_BLOCKS && (p.head_dim == 64 || p.head_dim == 128) && p.batch >= 1 && p.q_len >= 1 &&
          static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= kMaxRows;
 }
 
@@ -253,7 +255,7 @@ size_t workspace_bytes(const OmniFwdParams& p) { return split_workspace_bytes(p,
 int run(const OmniFwdParams& p) {
   SliceParams sp{p, plan(p), p.heads_q / p.heads_kv, {}};
   if (sp.plan.slices > 1) {
-    if (int s = split_partials(p, sp.plan.slices, "the decode path", &sp.partials)) return s;
+    if (int s = split_partials(p, sp.plan.slices, &sp.partials)) return s;
   }
   const int rows = p.q_len * sp.group;
   if (p.dtype == OMNI_BF16)

@@ -27,4 +27,13 @@ int allow_dynamic_smem(const void* kernel, int bytes, const char* name) {
   return OMNI_OK;
 }
 
+int multiprocessors() {
+  constexpr int kMaxDevices = 64;
+  static int count[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
+  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
+  return count[device] > 0 ? count[device] : 1;
+}
+
 }  // namespace omni

@@ -9,4 +9,7 @@ namespace omni {
 // otherwise). Returns OMNI_OK or a status whose detail names `name`.
 int allow_dynamic_smem(const void* kernel, int bytes, const char* name);
 
+// Multiprocessors of the current device (looked up once per device; 1 if the lookup fails).
+int multiprocessors();
+
 }  // namespace omni

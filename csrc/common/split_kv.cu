@@ -12,7 +12,6 @@ namespace omni {
 namespace {
 
 constexpr int kRowsPerCta = 4;  // warps of a merge CTA
-constexpr int kMaxDevices = 64;
 
 template <bool kBf16, int kDim>
 __global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
@@ -65,10 +64,10 @@ size_t split_workspace_bytes(const OmniFwdParams& p, int slices) {
   return static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * (p.head_dim + 1) * sizeof(float);
 }
 
-int split_partials(const OmniFwdParams& p, int slices, const char* who, SplitPartials* partials) {
+int split_partials(const OmniFwdParams& p, int slices, SplitPartials* partials) {
   const size_t needed = split_workspace_bytes(p, slices);
   if (p.workspace == nullptr || p.workspace_bytes < needed)
-    return fail(OMNI_ERR_WORKSPACE, "%s needs %zu bytes of workspace for %d slices, got %zu", who, needed, slices,
+    return fail(OMNI_ERR_WORKSPACE, "%d key slices need %zu bytes of workspace, got %zu", slices, needed,
                 p.workspace == nullptr ? size_t{0} : p.workspace_bytes);
   partials->o = static_cast<float*>(p.workspace);
   partials->lse = partials->o + static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * p.head_dim;
@@ -79,14 +78,6 @@ int split_partials(const OmniFwdParams& p, int slices, const char* who, SplitPar
 int merge_slices(const OmniFwdParams& p, const SplitPartials& partials) {
   if (p.head_dim != 64 && p.head_dim != 128) return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim);
   return p.dtype == OMNI_BF16 ? launch_merge<true>(p, partials) : launch_merge<false>(p, partials);
-}
-
-int multiprocessors() {
-  static int count[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
-  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
-  return count[device] > 0 ? count[device] : 1;
 }
 
 }  // namespace omni

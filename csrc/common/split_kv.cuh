@@ -20,13 +20,10 @@ struct SplitPartials {
 // Bytes of workspace the partials of `slices` slices take (0 for one slice, which writes the output itself).
 size_t split_workspace_bytes(const OmniFwdParams& p, int slices);
 
-// The partials in p.workspace, or OMNI_ERR_WORKSPACE (detail names `who`) when it is missing or too small.
-int split_partials(const OmniFwdParams& p, int slices, const char* who, SplitPartials* partials);
+// The partials in p.workspace, or OMNI_ERR_WORKSPACE when it is missing or too small.
+int split_partials(const OmniFwdParams& p, int slices, SplitPartials* partials);
 
 // Launches the merge of the partials into p.out and p.lse.
 int merge_slices(const OmniFwdParams& p, const SplitPartials& partials);
-
-// Multiprocessors of the current device (looked up once per device).
-int multiprocessors();
 
 }  // namespace omni
