@@ -36,13 +36,21 @@ __host__ __device__ inline int implicit_last_qpos(const OmniMask& m, int qpos_fi
   return min_int(qpos_first + m.block_q - 1, kv_len - 1);
 }
 
-// The KV blocks of the Q block whose first row is at absolute position qpos_first.
+// The keys first .. first + count - 1 that a query position in qpos_first .. qpos_last may see under an
+// implicit mask (count <= 0: none).
+__host__ __device__ inline BlockSpan implicit_key_range(const OmniMask& m, int qpos_first, int qpos_last, int kv_len) {
+  if (m.kind == OMNI_MASK_FULL) return {0, kv_len};
+  const int first = m.window > 0 ? max_int(qpos_first - m.window + 1, 0) : 0;
+  return {first, min_int(qpos_last + 1, kv_len) - first};
+}
+
+// The KV blocks of the Q block whose first row is at absolute position qpos_first: those holding its key range.
 __host__ __device__ inline BlockSpan implicit_row_span(const OmniMask& m, int qpos_first, int kv_len) {
   if (m.kind == OMNI_MASK_FULL) return {0, (kv_len + m.block_kv - 1) / m.block_kv};
-  const int qpos_last = implicit_last_qpos(m, qpos_first, kv_len);
-  if (qpos_last < 0) return {0, 0};
-  const int first = m.window > 0 ? max_int(qpos_first - m.window + 1, 0) / m.block_kv : 0;
-  return {first, qpos_last / m.block_kv - first + 1};
+  const BlockSpan keys = implicit_key_range(m, qpos_first, implicit_last_qpos(m, qpos_first, kv_len), kv_len);
+  if (keys.count <= 0) return {0, 0};
+  const int first = keys.first / m.block_kv;
+  return {first, (keys.first + keys.count - 1) / m.block_kv - first + 1};
 }
 
 // The Q blocks of KV block kb.
@@ -66,14 +74,6 @@ __host__ __device__ inline int implicit_block_type(const OmniMask& m, int qpos_f
   const int k_last = min_int(k_first + m.block_kv, kv_len) - 1;
   if (m.window > 0 && qpos_last - k_first >= m.window) return OMNI_PARTIAL;
   return k_last <= qpos_first ? OMNI_FULL : OMNI_CAUSAL;
-}
-
-// The keys first .. first + count - 1 that a query position in qpos_first .. qpos_last may see under an
-// implicit mask (count <= 0: none).
-__host__ __device__ inline BlockSpan implicit_key_range(const OmniMask& m, int qpos_first, int qpos_last, int kv_len) {
-  if (m.kind == OMNI_MASK_FULL) return {0, kv_len};
-  const int first = m.window > 0 ? max_int(qpos_first - m.window + 1, 0) : 0;
-  return {first, min_int(qpos_last + 1, kv_len) - first};
 }
 
 // The element rule of an implicit mask: may the query at absolute position qpos see key j (< kv_len)?
