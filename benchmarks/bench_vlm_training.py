@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_vlm_training                          # speed at 8k and 16k, then the 50-step curves
     python -m benchmarks.bench_vlm_training --find-max-length --steps 0 --curve-steps 0   # longest row per backend
-    python -m benchmarks.bench_vlm_training --archs gemma3-4b-hd128 --lengths 16384 --attn omni sdpa --steps 5
+    python -m benchmarks.bench_vlm_training --archs gemma3-4b-hd128 --lengths 16384 --loss-chunk 4096 --steps 5
     python -m benchmarks.bench_vlm_training --tiny                   # tiny configs on the CPU (the CI check)
 
 Architectures (random init, bf16; configs written out below with the released models' sizes): ``qwen2.5-vl-3b``
@@ -33,6 +33,11 @@ with each backend's mask made per step as a user gets it:
   the same masks from the positions and ``token_type_ids`` (its packing detection and Gemma3's image blocks compose
   with ``or_masks`` / ``and_masks``), so a user may also pass nothing; the prebuilt masks keep the build visible.
 - ``sdpa``: Transformers' dense ``[B, 1, L, L]`` mask, made from the restarting positions and ``token_type_ids``.
+- ``no_attention``: a baseline, not a backend: attention's output is its query, so the step times everything else;
+  with it in a run, the table gives each backend's attention time (its step minus the baseline's) and share.
+
+``--loss-chunk N`` computes the LM head and loss N positions at a time, recomputed in the backward
+(`chunked_lm_loss`): the same loss without a row's fp32 logits at once, which a 16k Gemma3 row needs to fit in 80 GB.
 
 Transformers 5.17 builds these masks right; 5.23 remaps packed positions inside the mask functions of Gemma3's
 sliding layers and misplaces the image blocks there (its sdpa and own-flex masks, not the prebuilt ones; the cost
@@ -64,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 import transformers
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
@@ -73,7 +79,7 @@ from omni_hf import OmniCollator  # noqa: E402  (importing omni_hf registers "om
 from training.masks import token_rule  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BACKENDS = ("omni", "flex_attention", "sdpa")
+BACKENDS = ("omni", "flex_attention", "sdpa", "no_attention")
 GIB = 1 << 30
 
 
@@ -293,8 +299,38 @@ def flex_mask_mods(doc: torch.Tensor, group: torch.Tensor, layer_types: set[str]
             for layer_type in layer_types}
 
 
-def train_step(model, optimizer, inputs: dict) -> float:
-    loss = model(**inputs).loss
+def no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``no_attention`` baseline: each query row ``[B, H, L, D]`` passes through as its own output ``[B, L, H, D]``
+    (gradients flow to the query projection), so a step on it times everything but attention."""
+    return query.transpose(1, 2), None
+
+
+transformers.AttentionInterface.register("no_attention", no_attention)
+transformers.masking_utils.AttentionMaskInterface.register("no_attention", lambda *args, **kwargs: None)
+
+
+def chunked_lm_loss(model, inputs: dict, chunk: int) -> torch.Tensor:
+    """The model's next-token loss (mean over labelled positions, Transformers' shift) with the LM head and the
+    cross-entropy run ``chunk`` positions at a time and recomputed in the backward, so the fp32 logits
+    ``[L, vocab]`` of a row never exist at once (a 16k row of Gemma3's 262k vocabulary: 17 GB)."""
+    labels = inputs["labels"]
+    hidden = model.model(**{key: value for key, value in inputs.items() if key != "labels"}).last_hidden_state
+    targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+
+    def summed_loss(hidden_chunk: torch.Tensor, target_chunk: torch.Tensor) -> torch.Tensor:
+        logits = model.lm_head(hidden_chunk).float()  # as the image-text models here: no final logit soft-cap
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target_chunk.flatten(), ignore_index=-100,
+                                                 reduction="sum")
+
+    total = sum(torch.utils.checkpoint.checkpoint(summed_loss, hidden[:, start:start + chunk],
+                                                  targets[:, start:start + chunk], use_reentrant=False)
+                for start in range(0, labels.shape[1], chunk))
+    return total / (targets != -100).sum()
+
+
+def train_step(model, optimizer, inputs: dict, loss_chunk: int = 0) -> float:
+    """One forward, backward and optimizer step; the loss chunked by `chunked_lm_loss` when ``loss_chunk`` > 0."""
+    loss = chunked_lm_loss(model, inputs, loss_chunk) if loss_chunk else model(**inputs).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -352,13 +388,13 @@ def _timed_steps(arch: str, length: int, attn: str, args, context: dict) -> dict
     make_inputs = step_inputs(model, batch, attn, context["device"])
     optimizer = optimizer_for(model)
     for _ in range(args.warmup):
-        train_step(model, optimizer, make_inputs())
+        train_step(model, optimizer, make_inputs(), args.loss_chunk)
     synchronize()
     free_memory()
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
-        train_step(model, optimizer, make_inputs())
+        train_step(model, optimizer, make_inputs(), args.loss_chunk)
         synchronize()
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
@@ -429,7 +465,8 @@ def _losses(arch: str, length: int, attn: str, args, context: dict) -> list[floa
     losses = []
     for step in range(args.curve_steps):
         batch, _ = packed_row(model.config, length, args.seed + 1 + step, context["sizes"], context["dtype"])
-        losses.append(train_step(model, optimizer, step_inputs(model, batch, attn, context["device"])()))
+        inputs = step_inputs(model, batch, attn, context["device"])()
+        losses.append(train_step(model, optimizer, inputs, args.loss_chunk))
     return losses
 
 
@@ -446,8 +483,9 @@ def table(records: list[dict]) -> str:
                               else r["status"] + (f" ({r['error'][:60]})" if "error" in r else ""))
                 for attn, r in cells.items()]
         ratios = [f"omni/{attn} {cells['omni']['tokens_per_s'] / r['tokens_per_s']:.2f}x" for attn, r in cells.items()
-                  if attn != "omni" and r["status"] == "ok" and cells.get("omni", {}).get("status") == "ok"]
-        lines.append(f"{arch} {length}: " + "; ".join(text + ratios))
+                  if attn not in ("omni", "no_attention") and r["status"] == "ok"
+                  and cells.get("omni", {}).get("status") == "ok"]
+        lines.append(f"{arch} {length}: " + "; ".join(text + ratios + attention_share(cells)))
     for r in (r for r in records if r["part"] == "max_length"):
         lines.append(f"{r['arch']} longest row, {r['attn']}: {r['max_length']}" + (" (the cap)" if r["capped"] else ""))
     for r in (r for r in records if r["part"] == "curve"):
@@ -456,6 +494,17 @@ def table(records: list[dict]) -> str:
                    else json.dumps(r["losses"]))
         lines.append(f"{r['arch']} {r['length']} curve, {r['steps']} steps: {summary}")
     return "\n".join(lines)
+
+
+def attention_share(cells: dict[str, dict]) -> list[str]:
+    """With a ``no_attention`` step beside them: each backend's attention time (its step minus the baseline's) and
+    its share of its step, e.g. ``["attention ms omni 210 (22%), sdpa 1330 (64%)"]``; nothing without a baseline."""
+    base = cells.get("no_attention", {})
+    timed = {attn: r["step_ms"] for attn, r in cells.items() if attn != "no_attention" and r["status"] == "ok"}
+    if base.get("status") != "ok" or not timed:
+        return []
+    return ["attention ms " + ", ".join(f"{attn} {ms - base['step_ms']:.0f} ({(ms - base['step_ms']) / ms:.0%})"
+                                         for attn, ms in timed.items())]
 
 
 def environment(context: dict) -> dict:
@@ -478,6 +527,7 @@ class Args:
     max_length_start: int
     max_length_cap: int
     max_length_resolution: int
+    loss_chunk: int
     tiny: bool
     seed: int
     out: Path
@@ -498,6 +548,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--max-length-start", type=int, default=None, help="default 8192, tiny 256")
     parser.add_argument("--max-length-cap", type=int, default=None, help="default 262144, tiny 1024")
     parser.add_argument("--max-length-resolution", type=int, default=None, help="default 1024, tiny 128")
+    parser.add_argument("--loss-chunk", type=int, default=0, help="positions per chunk of the LM head and loss "
+                                                                    "(chunked_lm_loss; default 0: the model's own)")
     parser.add_argument("--tiny", action="store_true", help="tiny configs and rows, on the CPU unless a GPU is there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
@@ -511,7 +563,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return Args(tuple(a.archs), tuple(default(a.lengths, [8192, 16384], [256, 512])), tuple(a.attn),
                 default(a.steps, 10, 2), default(a.warmup, 3, 1), default(a.curve_steps, 50, 3), a.find_max_length,
                 default(a.max_length_start, 8192, 256), default(a.max_length_cap, 262144, 1024),
-                default(a.max_length_resolution, 1024, 128), tiny, a.seed, out)
+                default(a.max_length_resolution, 1024, 128), a.loss_chunk, tiny, a.seed, out)
 
 
 def result_name(args: Args) -> str:

@@ -88,3 +88,30 @@ def test_tiny_run_writes_speed_longest_rows_and_equal_omni_and_sdpa_curves(tmp_p
     assert len(omni) == 2 and np.allclose(omni, sdpa, rtol=1e-5, atol=0), (omni, sdpa)  # float32: the same mask
     table = capsys.readouterr().out.split("qwen2.5-vl-3b 128: ", 1)[1]
     assert "omni/sdpa" in table and "longest row, omni: 128 (the cap)" in table and "curve, 2 steps" in table
+
+
+@pytest.mark.parametrize("arch", ["qwen2.5-vl-3b", "gemma3-4b-hd128"])
+def test_chunked_lm_loss_equals_the_models_own_loss_and_gradients(arch):
+    """Chunks that do not divide the row."""
+    seed = random.randrange(1000)
+    model = bench.build_model(arch, "sdpa", tiny=True, seed=seed, device=torch.device("cpu"), dtype=torch.float32)
+    batch, _ = bench.packed_row(model.config, 300, seed, bench.TINY, torch.float32)
+    inputs = bench.step_inputs(model, batch, "sdpa", torch.device("cpu"))()
+    losses, grads = [], []
+    for chunk in (0, random.randrange(40, 130)):
+        model.zero_grad(set_to_none=True)
+        loss = bench.chunked_lm_loss(model, inputs, chunk) if chunk else model(**inputs).loss
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5, atol=0), losses
+    for own, chunked in zip(*grads):
+        assert torch.allclose(own, chunked, rtol=1e-4, atol=1e-6 * own.abs().max())
+
+
+def test_table_gives_attention_time_over_the_no_attention_baseline():
+    records = [{"part": "speed", "arch": "a", "length": 8, "attn": attn, "status": "ok", "step_ms": ms,
+                "tokens_per_s": round(8e3 / ms), "peak_gib": 1.0}
+               for attn, ms in (("omni", 1250.0), ("sdpa", 2000.0), ("no_attention", 1000.0))]
+    line = bench.table(records)
+    assert "attention ms omni 250 (20%), sdpa 1000 (50%)" in line and "omni/no_attention" not in line
