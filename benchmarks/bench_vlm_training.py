@@ -79,7 +79,8 @@ from omni_hf import OmniCollator  # noqa: E402  (importing omni_hf registers "om
 from training.masks import token_rule  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BACKENDS = ("omni", "flex_attention", "sdpa", "no_attention")
+BACKENDS = ("omni", "flex_attention", "sdpa")
+BASELINE = "no_attention"  # `no_attention`: a step without attention, on request (--attn ... no_attention)
 GIB = 1 << 30
 
 
@@ -305,8 +306,8 @@ def no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwar
     return query.transpose(1, 2), None
 
 
-transformers.AttentionInterface.register("no_attention", no_attention)
-transformers.masking_utils.AttentionMaskInterface.register("no_attention", lambda *args, **kwargs: None)
+transformers.AttentionInterface.register(BASELINE, no_attention)
+transformers.masking_utils.AttentionMaskInterface.register(BASELINE, lambda *args, **kwargs: None)
 
 
 def chunked_lm_loss(model, inputs: dict, chunk: int) -> torch.Tensor:
@@ -483,7 +484,7 @@ def table(records: list[dict]) -> str:
                               else r["status"] + (f" ({r['error'][:60]})" if "error" in r else ""))
                 for attn, r in cells.items()]
         ratios = [f"omni/{attn} {cells['omni']['tokens_per_s'] / r['tokens_per_s']:.2f}x" for attn, r in cells.items()
-                  if attn not in ("omni", "no_attention") and r["status"] == "ok"
+                  if attn not in ("omni", BASELINE) and r["status"] == "ok"
                   and cells.get("omni", {}).get("status") == "ok"]
         lines.append(f"{arch} {length}: " + "; ".join(text + ratios + attention_share(cells)))
     for r in (r for r in records if r["part"] == "max_length"):
@@ -499,8 +500,8 @@ def table(records: list[dict]) -> str:
 def attention_share(cells: dict[str, dict]) -> list[str]:
     """With a ``no_attention`` step beside them: each backend's attention time (its step minus the baseline's) and
     its share of its step, e.g. ``["attention ms omni 210 (22%), sdpa 1330 (64%)"]``; nothing without a baseline."""
-    base = cells.get("no_attention", {})
-    timed = {attn: r["step_ms"] for attn, r in cells.items() if attn != "no_attention" and r["status"] == "ok"}
+    base = cells.get(BASELINE, {})
+    timed = {attn: r["step_ms"] for attn, r in cells.items() if attn != BASELINE and r["status"] == "ok"}
     if base.get("status") != "ok" or not timed:
         return []
     return ["attention ms " + ", ".join(f"{attn} {ms - base['step_ms']:.0f} ({(ms - base['step_ms']) / ms:.0%})"
@@ -538,7 +539,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--archs", nargs="+", choices=list(ARCHS), default=list(DEFAULT_ARCHS))
     parser.add_argument("--lengths", nargs="+", type=int, default=None, help="row lengths (default 8192 16384; "
                                                                               "tiny: 256 512)")
-    parser.add_argument("--attn", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--attn", nargs="+", choices=[*BACKENDS, BASELINE], default=list(BACKENDS))
     parser.add_argument("--steps", type=int, default=None, help="timed steps per case (default 10, tiny 2; 0: no "
                                                                 "speed part)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3, tiny 1)")
@@ -567,11 +568,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 
 def result_name(args: Args) -> str:
-    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[_tiny].json``: runs of separate parts never overwrite each
-    other."""
+    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[_tiny].json`` (no lengths when only the longest row is
+    searched): runs of separate parts never overwrite each other."""
     parts = [name for name, on in (("speed", args.steps), ("maxlen", args.find_max_length),
                                    ("curve", args.curve_steps)) if on]
-    fields = [args.archs, map(str, args.lengths), args.attn, parts]
+    lengths = [map(str, args.lengths)] if args.steps or args.curve_steps else []
+    fields = [args.archs, *lengths, args.attn, parts]
     return "_".join(["vlm_training", *("-".join(field) for field in fields)]) + ("_tiny" if args.tiny else "") + ".json"
 
 
