@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
                done' ;;
     launch) run launch python3 benchmarks/bench_launch.py --out "$OUT" ;;
     decode) run decode python3 benchmarks/bench_decode.py --out "$OUT" ;;
-    suite) run suite python3 -m benchmarks.run --shapes small --out "$OUT" ;;
+    suite) run suite python3 -m benchmarks.run --shapes small --rounds 5 --out "$OUT" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

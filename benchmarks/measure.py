@@ -65,11 +65,11 @@ def check(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], names: 
     return errors
 
 
-def median_ms(run: Callable[[], object]) -> float:
-    """Median milliseconds of ``run`` by `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats)."""
+def median_ms(run: Callable[[], object], rep: float = 100) -> float:
+    """Median milliseconds of ``run`` by `triton.testing.do_bench` (25 ms warm-up, ``rep`` ms of repeats)."""
     import triton.testing
 
-    return float(triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median"))
 
 
 def peak_mib(run: Callable[[], object]) -> float:

@@ -25,6 +25,7 @@ import hashlib
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 import zlib
@@ -138,36 +139,70 @@ class Case:
                               heads_q=shape.heads_q, heads_kv=shape.heads_kv, scale=self.scale,
                               why_missing=self.why_missing, omni_sm80=self.omni_sm80)
 
-    def measure_peer(self, peer: peers.Peer) -> dict:
-        """The row of one peer: ``fwd`` and ``fwd_bwd`` entries (see `benchmarks.report`)."""
-        row = {"peer": peer.name, "mask_mib": round(peer.mask_mib, 2)}
-        modes = {"fwd": (lambda: measure.forward_fn(peer.fn, self.q, self.k, self.v), self.want_fwd, ("out",))}
-        if self.backward:
-            modes["fwd_bwd"] = (lambda: measure.forward_backward_fn(peer.fn, self.q, self.k, self.v, self.dout),
-                                self.want_fwd_bwd, ("out", "dq", "dk", "dv"))
-        for mode, (make_run, want, names) in modes.items():
-            with peer.running():
-                row[mode] = {"skipped": peer.skipped} if peer.skipped else self._measure(
-                    make_run(), mode, want, names, errors_skip=peer.errors_skip)
-            torch.cuda.empty_cache()
-        return row
+    def measure_peers(self, case_peers: list[peers.Peer], rounds: int = 1) -> list[dict]:
+        """The rows of ``case_peers`` (``fwd`` and ``fwd_bwd`` entries, see `benchmarks.report`). Every peer is
+        checked against the reference first; then the runs that passed are timed in ``rounds`` rounds, each
+        timing every run once in turn (``100 / rounds`` ms of repeats), so that drift of the host or the GPU
+        during the case falls on all peers alike. A run's ``ms`` is the median of its rounds' medians
+        (``round_ms``)."""
+        rows, timed = [], []
+        for peer in case_peers:
+            row = {"peer": peer.name, "mask_mib": round(peer.mask_mib, 2)}
+            for mode, (make_run, want, names) in self._modes().items():
+                run = make_run(peer)
+                with peer.running():
+                    row[mode] = {"skipped": peer.skipped} if peer.skipped else self._check(
+                        run, want, names, errors_skip=peer.errors_skip)
+                if "errors" in row[mode]:
+                    timed.append((peer, mode, run, row[mode]))
+                torch.cuda.empty_cache()
+            rows.append(row)
+        for _ in range(rounds):
+            for peer, mode, run, entry in timed:
+                if "errors" in entry:  # not failed in an earlier round
+                    with peer.running():
+                        self._time_round(run, entry, rounds)
+        for _, mode, _, entry in timed:
+            if "errors" in entry:
+                entry["ms"] = statistics.median(entry["round_ms"])
+                entry["tflops"] = self.flops(mode) / entry["ms"] * 1e-9
+        return rows
 
-    def _measure(self, run, mode: str, want: tuple[torch.Tensor, ...], names: tuple[str, ...],
-                 errors_skip: bool = False) -> dict:
-        """Check ``run`` against ``want``, then time it and take its peak memory; with ``errors_skip``, an
+    def _modes(self) -> dict:
+        """mode -> (a function making a peer's run, the reference's tensors, their names)."""
+        modes = {"fwd": (lambda peer: measure.forward_fn(peer.fn, self.q, self.k, self.v), self.want_fwd, ("out",))}
+        if self.backward:
+            modes["fwd_bwd"] = (lambda peer: measure.forward_backward_fn(peer.fn, self.q, self.k, self.v, self.dout),
+                                self.want_fwd_bwd, ("out", "dq", "dk", "dv"))
+        return modes
+
+    def _check(self, run, want: tuple[torch.Tensor, ...], names: tuple[str, ...], errors_skip: bool = False) -> dict:
+        """``run``'s errors against ``want`` and its peak memory, or why it failed; with ``errors_skip``, an
         error it raises (not a failed check) is recorded as the reason it was skipped."""
         try:
             got = run()
             errors = measure.check(got if isinstance(got, tuple) else (got,), want, names)
             del got
-            ms = measure.median_ms(run)
-            return {"ms": ms, "tflops": self.flops(mode) / ms * 1e-9, "peak_mib": measure.peak_mib(run),
-                    "errors": errors}
+            return {"errors": errors, "peak_mib": measure.peak_mib(run)}
         except measure.CheckFailed as err:
             return {"failed": f"check: {err}"}
         except Exception as err:  # noqa: BLE001 - a peer that breaks is reported; the others still run
-            reason = measure.skip_reason(err) or (f"cannot run: {peers.error_text(err)}" if errors_skip else None)
-            return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
+            return self._broken(err, errors_skip)
+
+    @staticmethod
+    def _broken(err: Exception, errors_skip: bool) -> dict:
+        reason = measure.skip_reason(err) or (f"cannot run: {peers.error_text(err)}" if errors_skip else None)
+        return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
+
+    def _time_round(self, run, entry: dict, rounds: int) -> None:
+        """One round's median ms of ``run`` appended to ``entry["round_ms"]``; an error (out of memory) replaces
+        the entry by its reason."""
+        try:
+            entry.setdefault("round_ms", []).append(measure.median_ms(run, rep=100 / rounds))
+        except Exception as err:  # noqa: BLE001
+            reason = self._broken(err, errors_skip=False)
+            entry.clear()
+            entry.update(reason)
 
     def record(self, rows: list[dict]) -> dict:
         return self.record_of(self.shape, self.layout, rows, build_ms=self.build_ms, why_missing=self.why_missing,
@@ -185,9 +220,10 @@ class Case:
                 "build_ms": {}, **extra, "rows": rows}
 
 
-def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False) -> dict:
-    """The record of one case; one that cannot be set up (omni's mask, the inputs or the reference fail)
-    is recorded with its ``error`` and no rows, and the run goes on."""
+def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False, rounds: int = 1) -> dict:
+    """The record of one case, its peers timed in ``rounds`` interleaved rounds; one that cannot be set up
+    (omni's mask, the inputs or the reference fail) is recorded with its ``error`` and no rows, and the run goes
+    on."""
     torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
     layout = layouts.build(mask, seq_len)
     try:
@@ -195,7 +231,7 @@ def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: b
     except Exception as err:  # noqa: BLE001
         record = Case.record_of(shape, layout, rows=[], error=measure.describe_error(err))
     else:
-        record = case.record([case.measure_peer(peer) for peer in case.peers()])
+        record = case.record(case.measure_peers(case.peers(), rounds))
         del case
     torch.cuda.empty_cache()
     return record
@@ -248,8 +284,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--omni-sm80", action="store_true", help="also time omni with OMNI_HF_DISABLE_SM90=1 "
                         "('omni b128 sm80', forward and backward), to compare the Hopper kernels with the sm_80 ones "
                         "in one run")
+    parser.add_argument("--rounds", type=int, default=1, help="timing rounds per case, every peer once per round "
+                        "(its ms: the median of its rounds); more rounds spread host or GPU drift over all peers")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
     for name, allowed in (("shapes", SHAPES), ("masks", layouts.MASKS)):
         bad = set(getattr(args, name).split(",")) - set(allowed)
         if bad:
@@ -273,6 +313,8 @@ def result_name(device: str, args: argparse.Namespace) -> str:
         parts.append("fwd")
     if args.omni_sm80:
         parts.append("sm80")
+    if args.rounds > 1:
+        parts.append(f"r{args.rounds}")
     return f"suite_{'_'.join(parts)}.json"
 
 
@@ -310,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"meta": meta, "cases": records}
     for index, (shape, mask, seq_len) in enumerate(todo, 1):
         case_start = time.time()
-        records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80))
+        records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80, args.rounds))
         print(f"[{index}/{len(todo)}] {progress_line(records[-1], time.time() - case_start)}", flush=True)
         meta["seconds"] = round(time.time() - start, 1)
         report.write_json(path, result)  # after every case, so a run cut short keeps what it measured

@@ -4,6 +4,7 @@ GPU parts (a whole case through `benchmarks.run`) skip without CUDA and the omni
 
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -234,13 +235,37 @@ def test_an_error_of_a_peer_marked_errors_skip_is_recorded_as_skipped_with_its_t
     def refuses(q, k, v):
         raise RuntimeError("BACKEND='FLASH' but flash attention cannot be used\n  target: flex_attention")
 
-    row = case.measure_peer(peers.Peer("flex-flash", refuses, errors_skip=True))
+    (row,) = case.measure_peers([peers.Peer("flex-flash", refuses, errors_skip=True)])
     assert row["fwd"] == {"skipped": "cannot run: RuntimeError: BACKEND='FLASH' but flash attention cannot be used"
                                      " | target: flex_attention"}
-    assert case.measure_peer(peers.Peer("other", refuses))["fwd"] == {
+    assert case.measure_peers([peers.Peer("other", refuses)])[0]["fwd"] == {
         "failed": "RuntimeError: BACKEND='FLASH' but flash attention cannot be used"}
-    wrong = case.measure_peer(peers.Peer("flex-flash", lambda q, k, v: q + 1, errors_skip=True))
+    (wrong,) = case.measure_peers([peers.Peer("flex-flash", lambda q, k, v: q + 1, errors_skip=True)])
     assert wrong["fwd"]["failed"].startswith("check: out rel err")  # a wrong answer is a failure, never a skip
+
+
+def test_rounds_time_every_peer_once_per_round_and_take_the_median_of_the_rounds(monkeypatch):
+    case = _bare_case(backward=False)
+    case.shape, case.pairs = run.Shape("t", 1, 2, 2, 4, torch.float32, (8,), (64,)), 36
+    rounds, ran, timed = random.randint(3, 6), [], []
+    drift = {name: [random.uniform(1, 2) for _ in range(rounds)] for name in "ab"}
+
+    def peer(name):  # notes its name when it runs, so the fake timer knows whose run it times
+        return peers.Peer(name, lambda q, k, v: ran.append(name) or q.clone())
+
+    def fake_median_ms(run_fn, rep=100):
+        run_fn()
+        timed.append((ran[-1], rep))
+        return drift[ran[-1]][sum(name == ran[-1] for name, _ in timed) - 1]
+
+    monkeypatch.setattr(measure, "median_ms", fake_median_ms)
+    monkeypatch.setattr(measure, "peak_mib", lambda run_fn: 0.0)
+    rows = case.measure_peers([peer("a"), peer("b")], rounds=rounds)
+    assert [name for name, _ in timed] == ["a", "b"] * rounds and {rep for _, rep in timed} == {100 / rounds}
+    for row in rows:
+        entry = row["fwd"]
+        assert entry["round_ms"] == drift[row["peer"]] and entry["ms"] == statistics.median(drift[row["peer"]])
+        assert entry["tflops"] == pytest.approx(4.0 * 4 * 2 * 36 / entry["ms"] * 1e-9)
 
 
 class _RecordsEnviron(torch.autograd.Function):
@@ -262,7 +287,7 @@ class _RecordsEnviron(torch.autograd.Function):
 def test_a_peer_environment_covers_its_backward_as_well_as_its_forward(monkeypatch):
     # The sm80 peer once set its variable inside fn only, so autograd's later backward ran the Hopper kernel.
     monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
-    monkeypatch.setattr(run.Case, "_measure", lambda self, run_fn, mode, want, names, **options: run_fn())
+    monkeypatch.setattr(run.Case, "_check", lambda self, run_fn, want, names, **options: (run_fn(), {})[1])
     case = run.Case.__new__(run.Case)
     case.backward, case.want_fwd, case.want_fwd_bwd = True, None, None
     case.q = torch.randn(1, 2, 8, 4)
@@ -270,7 +295,7 @@ def test_a_peer_environment_covers_its_backward_as_well_as_its_forward(monkeypat
     case.dout = torch.randn(1, 2, 8, 4)
     _RecordsEnviron.seen = []
     peer = peers.Peer("probe", lambda q, k, v: _RecordsEnviron.apply(q), environ={"OMNI_HF_DISABLE_SM90": "1"})
-    case.measure_peer(peer)
+    case.measure_peers([peer])
     assert _RecordsEnviron.seen == [("forward", "1"), ("forward", "1"), ("backward", "1")]
     assert "OMNI_HF_DISABLE_SM90" not in peers.os.environ
 
@@ -396,7 +421,7 @@ def on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)
     monkeypatch.setattr(measure, "peak_mib", lambda fn: 0.0)
 
-    def wall_ms(fn):
+    def wall_ms(fn, rep=100):
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
