@@ -80,7 +80,7 @@ from training.masks import token_rule  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("omni", "flex_attention", "sdpa")
-BASELINE = "no_attention"  # `no_attention`: a step without attention, on request (--attn ... no_attention)
+BASELINE = "no_attention"  # a step without attention (`no_attention`), timed when --attn names it
 GIB = 1 << 30
 
 

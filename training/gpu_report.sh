@@ -8,8 +8,7 @@
 #
 # Each run writes WORK_DIR/<name>/metrics.json (and metrics.png); `speed` also writes WORK_DIR/speed.json, the
 # summaries of the speed runs. SPEED_SECONDS (default 240) limits each speed run, TRAIN_SECONDS (default 150) sizes
-# the main run from the measured speed. EXTRA
-# adds flags to every run (e.g. --model PATH).
+# the main run from the measured speed. EXTRA adds flags to every run (e.g. --model PATH).
 set -uo pipefail
 mode=${1:?speed or two-gpus}
 work=${2:?work directory}
@@ -27,8 +26,8 @@ speed)
     for rows in "2048 512" "8192 600"; do
         read -r length samples <<<"$rows"
         for attn in omni flex_attention sdpa; do
-            train "${SPEED_SECONDS:-240}" "speed-$length-$attn" --attn "$attn" --max-length "$length" --batch-samples "$samples" \
-                --steps 60 --warmup 10 --log-every 10 --eval-every 0 2>&1 | tail -n 8
+            train "${SPEED_SECONDS:-240}" "speed-$length-$attn" --attn "$attn" --max-length "$length" \
+                --batch-samples "$samples" --steps 60 --warmup 10 --log-every 10 --eval-every 0 2>&1 | tail -n 8
         done
     done
     python - "$work" <<'EOF'
