@@ -252,7 +252,7 @@ def progress_line(record: dict, seconds: float) -> str:
 
 def environment() -> dict:
     """GPU, library versions and which omni library ran, and its kernel path: the library's Hopper forward
-    (when it has one) takes 128x128-block masks on an sm_90 GPU unless ``OMNI_HF_DISABLE_SM90`` is set."""
+    (when it has one) takes masks of 128-key blocks on an sm_90 GPU unless ``OMNI_HF_DISABLE_SM90`` is set."""
     import transformers
     import triton
 
@@ -262,7 +262,7 @@ def environment() -> dict:
     data = lib.read_bytes()
     major, minor = torch.cuda.get_device_capability()
     disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
-    hopper = "sm90 (wgmma): forward with 128x128 blocks, backward with 128-key blocks; else sm80 (mma.sync)"
+    hopper = "sm90 (wgmma): forward and backward with 128-key blocks; else sm80 (mma.sync)"
     return {
         "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "torch": torch.__version__,
         "triton": triton.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,

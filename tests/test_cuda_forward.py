@@ -1,11 +1,12 @@
 """GPU tests of the forward kernels against the exact PyTorch reference (skipped without CUDA or the library).
 Every test poisons the outputs with NaN before the kernel runs and checks every element. On a Hopper GPU each
-test runs twice: through the sm_90a kernel (which takes 128 x 128 mask blocks and falls back to sm_80 for the
+test runs twice: through the sm_90a kernel (which takes mask blocks of 128 keys and falls back to sm_80 for the
 rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -273,10 +274,41 @@ def _forward_kernel_names(q, k, v, mask) -> list[str]:
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
-def test_hopper_kernel_runs_128_blocks_and_the_switch_turns_it_off(kernel_path):
-    """The sm_90a kernel takes 128 x 128 blocks on Hopper; other block sizes and the switch fall back."""
+@pytest.mark.parametrize("blocks,hopper_kernel", [((128, 128), True), ((64, 128), True), ((64, 64), False),
+                                                  ((128, 64), False)])
+def test_hopper_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(kernel_path, blocks, hopper_kernel):
+    """The sm_90a kernel takes mask blocks of 128 keys (64 or 128 rows) on Hopper; others and the switch fall back."""
     q, k, v = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=12)
-    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300))
-    assert len(names) == 1 and ("sm90::" in names[0]) == (kernel_path == "sm90"), names
-    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=64, block_kv=64))
-    assert len(names) == 1 and "sm90::" not in names[0], names
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=blocks[0], block_kv=blocks[1]))
+    assert len(names) == 1 and ("sm90::" in names[0]) == (hopper_kernel and kernel_path == "sm90"), names
+
+
+def _cta_rows(kernel_name: str) -> int:
+    """Query rows per CTA of an sm_90a forward, from the kernel's FwdTraits<Element, head dim, rows>."""
+    return int(re.search(r"FwdTraits<[^<>]*, (\d+), (\d+)>", kernel_name).group(2))
+
+
+@pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
+@pytest.mark.parametrize("mask_kind", ("token_rule", "causal", "block_mixture"))
+@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("extra_head", (0, 1))
+def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, mask_kind, extra_head):
+    """128-row mask blocks run as two 64-row CTAs while all of them fit on the GPU at once (two per
+    multiprocessor at head dim 64, one at 128); one head more crosses to 128-row CTAs. Both match the reference."""
+    if kernel_path != "sm90":
+        pytest.skip("the CTA height is the sm_90a kernel's")
+    q_len = 1000  # 16 tiles of 64 rows, 8 blocks of 128
+    ctas_at_once = torch.cuda.get_device_properties(0).multi_processor_count * (2 if dim == 64 else 1)
+    heads = ctas_at_once // 16 + extra_head
+    dense = None
+    if mask_kind == "token_rule":
+        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(1, q_len, seed=dim))
+    elif mask_kind == "causal":
+        mask = OmniBlockMask.causal(q_len, q_len)
+    else:
+        dense = random_block_dense(1, 1, q_len, q_len, 128, 128, seed=dim)
+        mask = OmniBlockMask.from_dense(dense, block_q=128, block_kv=128)
+    q, k, v = _qkv(1, heads, 1, q_len, q_len, dim, torch.float16, seed=heads)
+    names = _forward_kernel_names(q, k, v, mask)
+    assert len(names) == 1 and _cta_rows(names[0]) == (128 if extra_head else 64), names
+    assert_matches_reference(q, k, v, mask, ref_mask=dense)

@@ -40,11 +40,12 @@ __forceinline__ __device__ void stage_token_ids(int* smem, const int* doc, const
   }
 }
 
-// Stages the words of pool entry p covering block rows 0 .. kRows - 1 and block columns jj0 .. jj0 + 32 * kWords.
+// Stages the words of pool entry p covering block rows ii0 .. ii0 + kRows - 1 and block columns
+// jj0 .. jj0 + 32 * kWords - 1.
 template <int kRows, int kWords, int kNThreads>
-__forceinline__ __device__ void stage_pool_rows(int* smem, const OmniMask& mask, int p, int jj0, int tid) {
+__forceinline__ __device__ void stage_pool_rows(int* smem, const OmniMask& mask, int p, int ii0, int jj0, int tid) {
   const int words_per_row = mask.block_kv / 32;
-  const int* rows = mask.partial_pool + int64_t(p) * mask.block_q * words_per_row + jj0 / 32;
+  const int* rows = mask.partial_pool + (int64_t(p) * mask.block_q + ii0) * words_per_row + jj0 / 32;
   CUTE_UNROLL
   for (int idx = tid; idx < kRows * kWords; idx += kNThreads) {
     cp_async_4(smem + idx, rows + (idx / kWords) * words_per_row + idx % kWords);

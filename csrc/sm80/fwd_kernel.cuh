@@ -40,7 +40,7 @@ __forceinline__ __device__ void stage_tile_aux(int* s_aux, const KvTile& tile, c
                                                         batch_ids(m.group_ids, m.ids_stride_b, b), tile.col0,
                                                         p.kv_len, tid);
   } else if (tile.kind == kTilePool) {
-    stage_pool_rows<Traits::kBlockM, Traits::kPoolWords, Traits::kNThreads>(s_aux, m, tile.pool,
+    stage_pool_rows<Traits::kBlockM, Traits::kPoolWords, Traits::kNThreads>(s_aux, m, tile.pool, 0,
                                                                             tile.col0 & (m.block_kv - 1), tid);
   }
 }

@@ -8,7 +8,8 @@ namespace omni::sm90 {
 
 // True when the current device is an sm_90 (Hopper), OMNI_HF_DISABLE_SM90 is not set to a non-zero value
 // (read at every call, so tests and benchmarks can compare both paths in one process) and the call fits the
-// kernel: 128 x 128 mask blocks, keys present, q / k / v readable by TMA. Otherwise omni_fwd runs sm_80's.
+// kernel: mask blocks of 64 or 128 query rows and 128 keys, keys present, q / k / v readable by TMA.
+// Otherwise omni_fwd runs sm_80's.
 bool fwd_supported(const OmniFwdParams& p);
 
 // Launches the forward for validated params; defined by fwd_launch.cuh, instantiated in inst/fwd_sm90_*.cu.

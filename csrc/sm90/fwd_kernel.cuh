@@ -1,12 +1,12 @@
-// The sm_90a forward. One CTA per (128-row query block, head, batch) walks the active key tiles of its block
-// row (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines:
+// The sm_90a forward. One CTA per (query tile of kBlockM rows, head, batch) walks the active key tiles of the
+// mask's block row holding its rows (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines:
 //   warpgroup 0 (producer, one warp): TMA loads of Q once and of K, V per tile into a kStages-deep ring of
 //     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
 //     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it.
-//   warpgroups 1, 2 (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
+//   warpgroups 1 (, 2) (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
 //     tiles run no mask code), online softmax in registers, O += P V by wgmma with P from registers.
 // setmaxnreg moves registers from the producer to the consumers. Within a consumer warpgroup the softmax of
-// one tile overlaps the GEMMs of its neighbours; across the two, named barriers alternate the GEMM issue.
+// one tile overlaps the GEMMs of its neighbours; across two, named barriers alternate the GEMM issue.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -45,10 +45,26 @@ struct FwdParams {
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
 constexpr int kEpilogueBarrier = 1;
 
+// A CTA's query rows: its tile of q and where that tile sits in the mask's Q block (which may be taller).
+struct QTile {
+  int index;        // of the tile along q (kBlockM rows each)
+  int row0;         // its first row in q
+  int qpos0;        // absolute position of its first row (bottom-right alignment)
+  int block;        // the mask's Q block holding it
+  int block_qpos0;  // absolute position of that block's first row
+};
+
+__forceinline__ __device__ QTile make_q_tile(int index, int block_m, const OmniFwdParams& p) {
+  const int row0 = index * block_m;
+  const int block = row0 / p.mask.block_q;
+  const int offset = p.kv_len - p.q_len;
+  return {index, row0, row0 + offset, block, block * p.mask.block_q + offset};
+}
+
 // Producer warp: issues every load of the CTA's tiles in order, a stage at a time as consumers free them.
 template <class Traits, class Params, class Storage>
-__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, int q_block,
-                                        int qpos0, const KvTileWalker<Traits::kBlockN>& walker, int n_tiles) {
+__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, const QTile& qt,
+                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -64,7 +80,7 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.q_len, Int<kHeadDim>{}, p.heads_q, p.batch));
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
   Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
-  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(q_block, _0{}));
+  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(qt.index, _0{}));
   Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
@@ -75,14 +91,15 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     Barrier::arrive_and_expect_tx(&s.q_full, Traits::kQBytes);
     copy(params.tma_q.with(s.q_full), tQg, tQs);
   }
-  stage_token_ids<kBlockM, 32>(s.q_ids, doc, grp, qpos0, p.kv_len, lane);
+  stage_token_ids<kBlockM, 32>(s.q_ids, doc, grp, qt.qpos0, p.kv_len, lane);
   arrive_after_staging(&s.q_full);
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % Traits::kStages;
     const int free_phase = ((t / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
     Barrier::wait(&s.k_empty[stage], free_phase);
-    const KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qpos0, p.kv_len), t, m.block_kv, p.kv_len);
+    const KvTile tile =
+        KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qt.block_qpos0, p.kv_len), t, m.block_kv, p.kv_len);
     const int n = tile.col0 / kBlockN;
     if (lane == 0) {
       s.tile[stage] = tile;
@@ -92,7 +109,8 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     if (tile.kind == kTileToken) {
       stage_token_ids<kBlockN, 32>(s.aux[stage], doc, grp, tile.col0, p.kv_len, lane);
     } else if (tile.kind == kTilePool) {
-      stage_pool_rows<kBlockM, Traits::kPoolWords, 32>(s.aux[stage], m, tile.pool, 0, lane);
+      stage_pool_rows<kBlockM, Traits::kPoolWords, 32>(s.aux[stage], m, tile.pool, qt.row0 - qt.block * m.block_q,
+                                                       0, lane);
     }
     arrive_after_staging(&s.k_full[stage]);
     Barrier::wait(&s.v_empty[stage], free_phase);
@@ -167,18 +185,18 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   DeferredSoftmax<kRows> softmax;
   float rescale[kRows];
 
-  // The turn starts with warpgroup 0. Warpgroup 1 passes it on after every turn but its last, so every
-  // arrive meets a sync and no barrier is left half-way at exit.
+  // With two warpgroups the turn starts with warpgroup 0. Warpgroup 1 passes it on after every turn but its
+  // last, so every arrive meets a sync and no barrier is left half-way at exit.
   const int other = kSchedulerBarrier + (wg ^ 1);
-  if (wg == 1 && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
+  if (Traits::kPingPong && wg == 1 && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
   auto scores = [&](int t, int stage) {  // issue S(t) in this warpgroup's turn; returns the tile
     Barrier::wait(&s.k_full[stage], (t / kStages) & 1);
-    named_barrier_sync(kSchedulerBarrier + wg, 2 * 128);
+    if constexpr (Traits::kPingPong) named_barrier_sync(kSchedulerBarrier + wg, 2 * 128);
     gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
     return s.tile[stage];
   };
   auto pass_turn = [&](int t) {
-    if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other, 2 * 128);
+    if (Traits::kPingPong && (wg == 0 || t + 1 < n_tiles)) named_barrier_arrive(other, 2 * 128);
   };
   auto mask_and_softmax = [&](const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
@@ -242,19 +260,20 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
 }
 
 template <class Traits, bool kSoftcap>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Storage = typename Traits::SharedStorage;
   extern __shared__ __align__(1024) char smem[];
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const OmniFwdParams& p = params.p;
   const int h = blockIdx.x;
-  const int q_block = gridDim.y - 1 - blockIdx.y;  // later query blocks see more keys: launch them first
+  // Later query tiles see more keys: launch them first.
+  const QTile qt = make_q_tile(gridDim.y - 1 - blockIdx.y, Traits::kBlockM, p);
   const int b = blockIdx.z;
-  const int row0 = q_block * Traits::kBlockM;
-  const int qpos0 = row0 + p.kv_len - p.q_len;  // bottom-right alignment
   const int h_kv = h / (p.heads_q / p.heads_kv);
-  const KvTileWalker<Traits::kBlockN> walker(p.mask, b, p.mask.heads == 1 ? 0 : h, q_block, qpos0, p.kv_len);
+  const KvTileWalker<Traits::kBlockN> walker(p.mask, b, p.mask.heads == 1 ? 0 : h, qt.block, qt.block_qpos0,
+                                             p.kv_len);
   const int n_tiles = walker.num_tiles(p.mask.block_kv);
 
   if (threadIdx.x == 0) {
@@ -271,10 +290,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
 
   if (threadIdx.x < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x < 32) produce<Traits>(params, s, b, h, h_kv, q_block, qpos0, walker, n_tiles);
+    if (threadIdx.x < 32) produce<Traits>(params, s, b, h, h_kv, qt, walker, n_tiles);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume<Traits, kSoftcap>(p, s, b, h, row0, qpos0, n_tiles);
+    consume<Traits, kSoftcap>(p, s, b, h, qt.row0, qt.qpos0, n_tiles);
   }
 #elif defined(__CUDA_ARCH__)
   // Compiled for a target without wgmma (sm_80, or plain sm_90 instead of sm_90a): omni_fwd only launches this

@@ -28,10 +28,22 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
 
+// 64-row CTAs where the mask's blocks have 64 rows, or where all of them run at once on the GPU (e.g. B 1,
+// H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128, which would leave half of 132
+// multiprocessors idle); 128-row CTAs, whose two warpgroups ping-pong, everywhere else.
+template <class Traits64>
+bool use_64_row_ctas(const OmniFwdParams& p) {
+  const int64_t ctas = int64_t(p.batch) * p.heads_q * ((p.q_len + 63) / 64);
+  return p.mask.block_q == 64 || ctas <= int64_t(multiprocessors()) * Traits64::kCtasPerSm;
+}
+
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
+  using Traits64 = FwdTraits<Element, kHeadDim, 64>;
+  using Traits128 = FwdTraits<Element, kHeadDim, 128>;
   return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-    return launch_fwd_kernel<FwdTraits<Element, kHeadDim>, softcap()>(p);
+    return use_64_row_ctas<Traits64>(p) ? launch_fwd_kernel<Traits64, softcap()>(p)
+                                        : launch_fwd_kernel<Traits128, softcap()>(p);
   });
 }
 

@@ -11,23 +11,22 @@ namespace omni::sm90 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, int kBlockM_ = 128>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  // One CTA per 128-row query block (the mask's block_q); key tiles of 128 columns (= block_kv).
-  static constexpr int kBlockM = 128;
+  // One CTA per kBlockM query rows: 128 (a mask block of 128 rows), or 64 (a mask block of 64 rows, or half of
+  // one of 128 when the grid is too small to fill the GPU); key tiles of 128 columns (= block_kv).
+  static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
-  // Warpgroup 0 produces (TMA and mask data, one warp busy), warpgroups 1 and 2 consume 64 query rows each.
+  static_assert(kBlockM == 64 || kBlockM == 128, "a CTA takes 64 or 128 query rows");
+  // Warpgroup 0 produces (TMA and mask data, one warp busy); each consumer warpgroup takes 64 query rows. Two
+  // consumer warpgroups ping-pong their GEMMs (fwd_kernel.cuh); a single one runs alone.
   static constexpr int kConsumerWGs = kBlockM / 64;
+  static constexpr bool kPingPong = kConsumerWGs == 2;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
-  // Register split for setmaxnreg: 40 * 128 + 232 * 256 <= 64K registers of the SM (24 spilled the
-  // producer's TMA coordinates).
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
-  static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs), "setmaxnreg split exceeds the launch");
 
   // S = Q K^T: both operands K-major in smem; one 64-row wgmma atom per consumer warpgroup.
   using TiledMmaQK = decltype(make_tiled_mma(
@@ -71,6 +70,16 @@ struct FwdTraits {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static constexpr int kTileBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+
+  // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB) run two per SM, so
+  // two consumer warpgroups share the tensor cores as in a 128-row CTA. Register split for setmaxnreg (24
+  // producer registers spilled its TMA coordinates): 40 * 128 + 232 * 256 of 64K for 128 rows; 40 + 216 of
+  // the 128 per thread that two 256-thread CTAs get; 40 + 232 of the 256 of a lone 64-row CTA.
+  static constexpr int kCtasPerSm = kBlockM == 64 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kCtasPerSm == 2 ? 216 : 232;
+  static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs, kCtasPerSm),
+                "setmaxnreg split exceeds the launch");
 };
 
 }  // namespace omni::sm90

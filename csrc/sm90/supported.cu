@@ -40,7 +40,7 @@ bool hopper_can_read(const OmniFwdParams& p) {
 }  // namespace
 
 bool fwd_supported(const OmniFwdParams& p) {
-  return p.mask.block_q == 128 && p.mask.block_kv == 128 && hopper_can_read(p);
+  return (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 && hopper_can_read(p);
 }
 
 bool bwd_supported(const OmniBwdParams& p) {
