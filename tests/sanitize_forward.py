@@ -39,6 +39,8 @@ def cases():
     yield OmniBlockMask.causal(4, 2), 4, 2, 128, 4, 1, None
     yield OmniBlockMask.causal(200, 333, window=70), 200, 333, 64, 2, 1, None
     yield OmniBlockMask.full(150, 333), 150, 333, 128, 4, 2, None
+    # 160 CTAs of 64 rows at head dim 64: two per SM, all resident, in the folded launch order (fwd_kernel.cuh).
+    yield OmniBlockMask.causal(640, 640), 640, 640, 64, 8, 2, None
     # 192 CTAs of 128 rows (320 of 64 would not all fit at once on an H100 / H200): CTAs follow each other on an SM.
     short_doc, short_grp = doc[:, :300].contiguous(), grp[:, :300].contiguous()
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 64, 32, 8, None

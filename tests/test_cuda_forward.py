@@ -294,7 +294,8 @@ def _cta_rows(kernel_name: str) -> int:
 @pytest.mark.parametrize("extra_head", (0, 1))
 def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, mask_kind, extra_head):
     """128-row mask blocks run as two 64-row CTAs while all of them fit on the GPU at once (two per
-    multiprocessor at head dim 64, one at 128); one head more crosses to 128-row CTAs. Both match the reference."""
+    multiprocessor at head dim 64, launched in the folded order; one at 128); one head more crosses to 128-row
+    CTAs. Both match the reference."""
     if kernel_path != "sm90":
         pytest.skip("the CTA height is the sm_90a kernel's")
     q_len = 1000  # 16 tiles of 64 rows, 8 blocks of 128

@@ -40,6 +40,7 @@ struct FwdParams {
   OmniFwdParams p;
   TmaQ tma_q;
   TmaKV tma_k, tma_v;
+  int fold;  // cta_work's launch order: the linear CTA index from which ranks run backwards (0: never)
 };
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
@@ -59,6 +60,23 @@ __forceinline__ __device__ QTile make_q_tile(int index, int block_m, const OmniF
   const int block = row0 / p.mask.block_q;
   const int offset = p.kv_len - p.q_len;
   return {index, row0, row0 + offset, block, block * p.mask.block_q + offset};
+}
+
+// What this CTA computes: head, query tile, batch row. The grid is (heads, tiles, batch); CTAs start in linear
+// order, and rank r of the work goes to the r-th CTA: later query tiles first (under causal masks they see more
+// keys), the tile slowest so every batch row's long tiles lead. With two CTAs per SM all resident at once, the
+// CTAs from `fold` (the SM count) on run the ranks backwards, so the SM that took the k-th longest tile gets
+// the k-th shortest beside it rather than the next long one.
+struct CtaWork {
+  int head, tile, batch;
+};
+
+__forceinline__ __device__ CtaWork cta_work(int fold) {
+  const int64_t c = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  const int64_t total = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+  const int64_t r = fold > 0 && c >= fold ? total - 1 - (c - fold) : c;
+  const int64_t heads_batches = int64_t(gridDim.x) * gridDim.z;
+  return {int(r % gridDim.x), int(gridDim.y - 1 - r / heads_batches), int(r % heads_batches / gridDim.x)};
 }
 
 // Producer warp: issues every load of the CTA's tiles in order, a stage at a time as consumers free them.
@@ -267,10 +285,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   extern __shared__ __align__(1024) char smem[];
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const OmniFwdParams& p = params.p;
-  const int h = blockIdx.x;
-  // Later query tiles see more keys: launch them first.
-  const QTile qt = make_q_tile(gridDim.y - 1 - blockIdx.y, Traits::kBlockM, p);
-  const int b = blockIdx.z;
+  const CtaWork work = cta_work(params.fold);
+  const int h = work.head;
+  const int b = work.batch;
+  const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
   const int h_kv = h / (p.heads_q / p.heads_kv);
   const KvTileWalker<Traits::kBlockN> walker(p.mask, b, p.mask.heads == 1 ? 0 : h, qt.block, qt.block_qpos0,
                                              p.kv_len);

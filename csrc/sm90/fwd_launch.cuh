@@ -15,11 +15,15 @@ template <class Traits, bool kSoftcap>
 int launch_fwd_kernel(const OmniFwdParams& p) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
+  const int64_t ctas = int64_t(p.batch) * p.heads_q * ((p.q_len + Traits::kBlockM - 1) / Traits::kBlockM);
+  const int sms = multiprocessors();
+  const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see cta_work
   const FwdParams<Traits> params{
       p,
       make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
       make_tma_load<Element, kHeadDim>(p.k, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutK{})),
-      make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{}))};
+      make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{})),
+      pairs ? sms : 0};
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;

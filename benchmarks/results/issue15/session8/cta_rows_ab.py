@@ -27,6 +27,11 @@ CASE_SETS = {
        ("causal", 8192, 1, 32, 8, 128, "bfloat16"), ("vlm", 8192, 1, 32, 8, 128, "bfloat16")],
     "d64": [(m, s, 1, h, 8, 64, "bfloat16") for m in ("causal", "vlm") for s, h in
             ((4096, 16), (8192, 8), (4096, 32), (8192, 32), (16384, 32))],
+    # Head dim 64 grids of 133 to 264 64-row CTAs (two per SM, all resident: the launch-order fold applies).
+    "pairs": [("causal", 2048, 1, 8, 8, 64, "float16"), ("vlm", 2048, 1, 8, 8, 64, "float16"),
+              ("causal", 1536, 1, 8, 8, 64, "float16"), ("causal", 3072, 1, 4, 4, 64, "float16"),
+              ("causal", 2048, 2, 4, 4, 64, "float16"), ("causal", 1024, 2, 8, 8, 64, "float16"),
+              ("causal", 2048, 1, 16, 8, 64, "float16"), ("vlm", 1024, 2, 8, 8, 64, "float16")],
 }
 GRAPH_CALLS = 20
 
@@ -87,6 +92,8 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--child", "--cases", args.cases, "x=y"], env=env, capture_output=True,
                                  text=True, check=True, cwd=ROOT).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {len(runs[name])} {name}: " + ", ".join(f"{r['kernel_us']:.1f}" for r in runs[name][-1]),
+                  file=sys.stderr, flush=True)
     import torch
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"rounds {args.rounds} (median)")
     header = ["case"] + [f"{name} {col}" for name in libs for col in ("kernel us", "TFLOP/s", "eager us")]
