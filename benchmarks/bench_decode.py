@@ -1,7 +1,8 @@
 """Greedy decoding in Transformers: omni against sdpa on its FlashAttention-2 backend, and omni's static-cache +
 torch.compile path (CUDA graphs) against eager omni.
 
-    python benchmarks/bench_decode.py [--batches 1,8] [--prompt 1024] [--new-tokens 64] [--out DIR]
+    python benchmarks/bench_decode.py [--batches 1,8] [--prompt 1024] [--new-tokens 64] [--emulate-precision-casts]
+                                      [--out DIR]
 
 A ~1B Llama from a config (random weights, bf16: hidden 2048, 16 layers, 32 query / 8 KV heads of 64, MLP 8192,
 vocab 32000), prompts of ``--prompt`` random tokens, ``--new-tokens`` new tokens (min = max, so every run decodes
@@ -11,8 +12,10 @@ a dynamic cache (sdpa under ``sdpa_kernel(FLASH_ATTENTION)``), eager with a stat
 ``cache_implementation="static"`` compiled by generate (mode reduce-overhead: CUDA graphs; sdpa on its own choice
 of backend there, since a static cache hands it a mask); and how many new tokens
 the compiled run shares with the eager static-cache run before the first difference, for omni and for sdpa (random
-weights give near ties, which Inductor's other rounding of the rest of the model can flip). A table is printed last; JSON goes to ``--out`` (default $OUT, else
-benchmarks/results/).
+weights give near ties, which Inductor's other rounding of the rest of the model can flip). With
+``--emulate-precision-casts`` Inductor rounds its fused intermediates to bf16 where eager does
+(``torch._inductor.config.emulate_precision_casts``), which takes most of that other rounding away. A table is
+printed last; JSON goes to ``--out`` (default $OUT, else benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -71,8 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, backends interleaved in each")
+    parser.add_argument("--emulate-precision-casts", action="store_true",
+                        help="compile with Inductor rounding its intermediates to bf16 as eager does")
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
+    torch._inductor.config.emulate_precision_casts = args.emulate_precision_casts
     sdpa = model_with("sdpa", None)
     omni = model_with("omni", sdpa.state_dict())
     rows = []
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         print(row, flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": CONFIG,
             "prompt": args.prompt, "new_tokens": args.new_tokens,
+            "emulate_precision_casts": args.emulate_precision_casts,
             "command": "python benchmarks/bench_decode.py " + " ".join(argv or sys.argv[1:])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
