@@ -295,21 +295,21 @@ def _cta_rows(kernel_name: str) -> int:
 def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, mask_kind, extra_head):
     """128-row mask blocks run as two 64-row CTAs while all of them fit on the GPU at once (two per
     multiprocessor at head dim 64, launched in the folded order; one at 128); one head more crosses to 128-row
-    CTAs. Both match the reference."""
+    CTAs. Two batch rows, so the launch order's ranks span batch and heads. Both match the reference."""
     if kernel_path != "sm90":
         pytest.skip("the CTA height is the sm_90a kernel's")
-    q_len = 1000  # 16 tiles of 64 rows, 8 blocks of 128
+    batch, q_len = 2, 1000  # 16 tiles of 64 rows, 8 blocks of 128 per batch row and head
     ctas_at_once = torch.cuda.get_device_properties(0).multi_processor_count * (2 if dim == 64 else 1)
-    heads = ctas_at_once // 16 + extra_head
+    heads = ctas_at_once // (batch * 16) + extra_head
     dense = None
     if mask_kind == "token_rule":
-        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(1, q_len, seed=dim))
+        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(batch, q_len, seed=dim))
     elif mask_kind == "causal":
         mask = OmniBlockMask.causal(q_len, q_len)
     else:
-        dense = random_block_dense(1, 1, q_len, q_len, 128, 128, seed=dim)
+        dense = random_block_dense(batch, 1, q_len, q_len, 128, 128, seed=dim)
         mask = OmniBlockMask.from_dense(dense, block_q=128, block_kv=128)
-    q, k, v = _qkv(1, heads, 1, q_len, q_len, dim, torch.float16, seed=heads)
+    q, k, v = _qkv(batch, heads, 1, q_len, q_len, dim, torch.float16, seed=heads)
     names = _forward_kernel_names(q, k, v, mask)
     assert len(names) == 1 and _cta_rows(names[0]) == (128 if extra_head else 64), names
     assert_matches_reference(q, k, v, mask, ref_mask=dense)

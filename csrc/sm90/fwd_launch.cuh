@@ -11,12 +11,21 @@
 
 namespace omni::sm90 {
 
+// The grid of a launch with kBlockM-row query tiles: (heads, tiles, batch), as fwd_kernel's cta_work reads it.
+template <int kBlockM>
+dim3 fwd_grid(const OmniFwdParams& p) {
+  return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
+}
+
+inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * grid.z; }
+
+// `sms`: the device's multiprocessors.
 template <class Traits, bool kSoftcap>
-int launch_fwd_kernel(const OmniFwdParams& p) {
+int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  const int64_t ctas = int64_t(p.batch) * p.heads_q * ((p.q_len + Traits::kBlockM - 1) / Traits::kBlockM);
-  const int sms = multiprocessors();
+  const dim3 grid = fwd_grid<Traits::kBlockM>(p);
+  const int64_t ctas = cta_count(grid);
   const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see cta_work
   const FwdParams<Traits> params{
       p,
@@ -27,7 +36,6 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;
-  const dim3 grid(p.heads_q, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(params);
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
@@ -35,19 +43,14 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
 // 64-row CTAs where the mask's blocks have 64 rows, or where all of them run at once on the GPU (e.g. B 1,
 // H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128, which would leave half of 132
 // multiprocessors idle); 128-row CTAs, whose two warpgroups ping-pong, everywhere else.
-template <class Traits64>
-bool use_64_row_ctas(const OmniFwdParams& p) {
-  const int64_t ctas = int64_t(p.batch) * p.heads_q * ((p.q_len + 63) / 64);
-  return p.mask.block_q == 64 || ctas <= int64_t(multiprocessors()) * Traits64::kCtasPerSm;
-}
-
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   using Traits64 = FwdTraits<Element, kHeadDim, 64>;
   using Traits128 = FwdTraits<Element, kHeadDim, 128>;
+  const int sms = multiprocessors();
+  const bool rows64 = p.mask.block_q == 64 || cta_count(fwd_grid<64>(p)) <= int64_t(sms) * Traits64::kCtasPerSm;
   return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-    return use_64_row_ctas<Traits64>(p) ? launch_fwd_kernel<Traits64, softcap()>(p)
-                                        : launch_fwd_kernel<Traits128, softcap()>(p);
+    return rows64 ? launch_fwd_kernel<Traits64, softcap()>(p, sms) : launch_fwd_kernel<Traits128, softcap()>(p, sms);
   });
 }
 
