@@ -7,11 +7,13 @@ For each case (a prebuilt mask; inputs on the GPU):
   GPU runs behind and the launch queue never fills, so this is the time a call keeps the CPU: the host overhead);
 - ``gpu us``: the kernels' own time, CUDA events around the same calls replayed from a CUDA graph (no launch gaps);
 - ``wall us``: one call and a sync, median (what a lone call costs end to end).
-Cases: decode (q 1 x 16 heads, kv 2048 x 4 heads, D 128, bf16, causal), the small training shapes (B 1, H 8, D 64,
-fp16, S 512 / 1024 / 2048) with an implicit causal mask and a token-rule VLM mask, forward and forward+backward;
-SDPA beside them (FlashAttention-2 for decode and S 512, cuDNN for causal S 1024 / 2048: its best there). Then the
-mask builders per call: `OmniBlockMask.causal`, `OmniBlockMask.full` and `from_token_ids` on the GPU. A table is
-printed last; JSON goes to ``--out`` (default $OUT, else benchmarks/results/).
+Cases: first this host's floor (one ATen op, alone and under autograd; omni's C++ op called directly), then decode
+(q 1 x 16 heads, kv 2048 x 4 heads, D 128, bf16, causal), the small training shapes (B 1, H 8, D 64, fp16, S 512 /
+1024 / 2048) with an implicit causal mask and a token-rule VLM mask, forward and forward+backward; SDPA beside them
+(FlashAttention-2 for decode and S 512, cuDNN for causal S 1024 / 2048: its best there; the backend is chosen once,
+outside the timed calls). Then the mask builders per call: `OmniBlockMask.causal`, `OmniBlockMask.full` and
+`from_token_ids` on the GPU. A table is printed last; JSON goes to ``--out`` (default $OUT, else
+benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -110,9 +112,7 @@ def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv
     causal = q_len == kv_len  # decode: one query sees every key
 
     def attend(*qkv):
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            return torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal,
-                                                                    enable_gqa=heads_q != heads_kv)
+        return torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal, enable_gqa=heads_q != heads_kv)
 
     def forward():
         with torch.no_grad():
@@ -122,9 +122,32 @@ def sdpa_case(name: str, batch: int, heads_q: int, heads_kv: int, q_len: int, kv
         torch.autograd.grad(attend(*leaves), leaves, dout)
 
     label = {"FLASH_ATTENTION": "fa2", "CUDNN_ATTENTION": "cudnn"}.get(backend, backend.lower())
-    return [{"case": f"sdpa-{label} {name}", "mode": mode, "host_us": host_us(fn, calls),
-             "wall_us": wall_us(fn, min(calls, 300)), "gpu_us": captured_gpu_us(fn, 50 if mode == "fwd" else 20)}
-            for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward))]
+    with sdpa_kernel(getattr(SDPBackend, backend)):  # entered once: its own cost is not the op's
+        return [{"case": f"sdpa-{label} {name}", "mode": mode, "host_us": host_us(fn, calls),
+                 "wall_us": wall_us(fn, min(calls, 300)), "gpu_us": captured_gpu_us(fn, 50 if mode == "fwd" else 20)}
+                for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward))]
+
+
+def floor_cases(calls: int) -> list[dict]:
+    """This host's floor under the rows above: one ATen elementwise op (one dispatch, one kernel launch), the same
+    under autograd (forward and its backward through the engine), and omni's C++ op called directly on the
+    implicit causal mask of S 1024 (the dispatch and launch `omni_attention` adds its Python checks to)."""
+    gen = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+    leaf = q.clone().requires_grad_()
+    grad = torch.randn_like(q)
+    tensors, sizes = OmniBlockMask.causal(1024)._op_args()
+    num, indices, types, partial, _, _, _, _, pool, doc, grp = tensors
+    _, _, block_q, block_kv, window, kind = sizes
+    fwd = torch.ops.omni_hf.fwd.default
+    cases = {
+        ("torch.mul (one ATen op, S1024 H8 D64)", "fwd"): lambda: torch.mul(q, 2.0),
+        ("torch.mul (one ATen op, S1024 H8 D64)", "fwd+bwd"): lambda: torch.autograd.grad(leaf * 2.0, leaf, grad),
+        ("omni_hf::fwd op direct, S1024 H8 D64 causal", "fwd"): lambda: fwd(
+            q, k, v, num, indices, types, partial, pool, doc, grp, kind, block_q, block_kv, window, 0.125, 0.0),
+    }
+    return [{"case": name, "mode": mode, "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300)),
+             "gpu_us": gpu_us(fn, 50)} for (name, mode), fn in cases.items()]
 
 
 def captured_gpu_us(fn, calls: int) -> float:
@@ -147,7 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     calls = args.calls
-    rows = attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
+    omni_attention(*(torch.randn(1, 1, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3)),
+                   OmniBlockMask.causal(64))  # loads the library, which registers omni_hf::fwd
+    rows = floor_cases(calls)
+    rows += attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
                           OmniBlockMask.causal(1, 2048), calls)
     rows += sdpa_case("decode q1 kv2048 H16/4 D128", 1, 16, 4, 1, 2048, 128, torch.bfloat16, calls)
     rows += sdpa_case("small S512 H8 D64 causal", 1, 8, 8, 512, 512, 64, torch.float16, calls)

@@ -136,3 +136,36 @@ def test_static_cache_generation_compiled_with_cuda_graphs_gives_eager_tokens():
         compiled = model.generate(prompts, **settings)
         again = model.generate(prompts, **settings)  # replays the captured graphs
     assert torch.equal(compiled, eager) and torch.equal(again, eager)
+
+
+def test_static_cache_decoding_compiled_without_inductor_gives_eager_logits_exactly():
+    """The static-cache step compiled by Dynamo's ``cudagraphs`` backend runs the traced ATen ops as eager does, so
+    only omni's own compiled path (the mask spec traced with tensor offsets, the padding mask kept, the CUDA-graph
+    replays) could make it differ from eager: batch 8 with left-padded rows, every step's logits bit for bit."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="omni").cuda().eval()
+    model = model.to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(6)
+    prompts = torch.randint(3, 100, (8, 150), generator=gen)
+    attention_mask = torch.ones_like(prompts)
+    for row, pad in enumerate([0, 0, 3, 70, 0, 129, 1, 64]):  # left padding crossing 64- and 128-key blocks
+        prompts[row, :pad], attention_mask[row, :pad] = 0, 0
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static",
+                    attention_mask=attention_mask.cuda(), return_dict_in_generate=True, output_logits=True)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        eager = model.generate(prompts.cuda(), disable_compile=True, **settings)
+        runs = [model.generate(prompts.cuda(), compile_config=CompileConfig(backend="cudagraphs", mode="default"),
+                               **settings) for _ in range(2)]  # records, then replays
+    torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] > 0  # the steps were compiled, not run eagerly
+    for run in runs:
+        assert torch.equal(run.sequences, eager.sequences)
+        for step, (got, want) in enumerate(zip(run.logits, eager.logits)):
+            assert torch.equal(got, want), f"step {step}: logits differ by {(got - want).abs().max()}"
