@@ -16,9 +16,9 @@ weights give near ties, which Inductor's other rounding of the rest of the model
 margin between its best and second-best logit at that step. With ``--emulate-precision-casts`` Inductor rounds its
 fused intermediates to bf16 where eager does (``torch._inductor.config.emulate_precision_casts``), which takes most
 of that other rounding away. Last, per batch, the same static-cache step compiled without Inductor (Dynamo's
-``cudagraphs`` backend: the traced ATen ops as eager runs them, replayed from CUDA graphs): there the tokens and
-logits must equal eager's exactly, for omni as for sdpa. A table is printed last; JSON goes to ``--out`` (default
-$OUT, else benchmarks/results/).
+``cudagraphs`` backend: the traced ATen ops as eager runs them, replayed from CUDA graphs): there omni's tokens and
+logits must equal eager's exactly; sdpa's beside them need not (traced, Transformers hands it a mask and its own
+choice of kernel). A table is printed last; JSON goes to ``--out`` (default $OUT, else benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def agreement(run: dict, eager: dict, prompt: int) -> dict:
 
 def cudagraphs_backend_agreement(model, prompts: torch.Tensor, new_tokens: int, eager: dict) -> dict:
     """`agreement` of static-cache decoding compiled by Dynamo's ``cudagraphs`` backend (ATen ops as eager runs
-    them, replayed from CUDA graphs) with eager static-cache decoding; also the CUDA-graph skips Dynamo counted
-    (0: every compiled step ran as a graph)."""
+    them, replayed from CUDA graphs) with eager static-cache decoding; also what Dynamo counted: graphs compiled,
+    graph breaks and CUDA-graph skips (0: every compiled step ran as a graph)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

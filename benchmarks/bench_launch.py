@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks import layouts, measure  # noqa: E402
-from omni_hf import OmniBlockMask, omni_attention  # noqa: E402
+from omni_hf import OmniBlockMask, _cuda, omni_attention  # noqa: E402
 
 
 def host_us(fn, calls: int, burst: int = 50) -> float:
@@ -137,14 +137,11 @@ def floor_cases(calls: int) -> list[dict]:
     leaf = q.clone().requires_grad_()
     grad = torch.randn_like(q)
     tensors, sizes = OmniBlockMask.causal(1024)._op_args()
-    num, indices, types, partial, _, _, _, _, pool, doc, grp = tensors
-    _, _, block_q, block_kv, window, kind = sizes
-    fwd = torch.ops.omni_hf.fwd.default
     cases = {
         ("torch.mul (one ATen op, S1024 H8 D64)", "fwd"): lambda: torch.mul(q, 2.0),
         ("torch.mul (one ATen op, S1024 H8 D64)", "fwd+bwd"): lambda: torch.autograd.grad(leaf * 2.0, leaf, grad),
-        ("omni_hf::fwd op direct, S1024 H8 D64 causal", "fwd"): lambda: fwd(
-            q, k, v, num, indices, types, partial, pool, doc, grp, kind, block_q, block_kv, window, 0.125, 0.0),
+        ("omni_hf::fwd op direct, S1024 H8 D64 causal", "fwd"): lambda: _cuda.forward_flat(q, k, v, tensors, sizes,
+                                                                                             0.125, 0.0),
     }
     return [{"case": name, "mode": mode, "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300)),
              "gpu_us": gpu_us(fn, 50)} for (name, mode), fn in cases.items()]
@@ -170,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     calls = args.calls
-    omni_attention(*(torch.randn(1, 1, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3)),
-                   OmniBlockMask.causal(64))  # loads the library, which registers omni_hf::fwd
+    if not _cuda.available():  # also loads the library, which registers omni_hf::fwd
+        sys.exit("bench_launch: needs a CUDA device and the omni_hf CUDA library")
     rows = floor_cases(calls)
     rows += attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
                           OmniBlockMask.causal(1, 2048), calls)
