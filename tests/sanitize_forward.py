@@ -5,7 +5,7 @@ head dims, tails, q_len = 1, broadcast masks, GQA, the decode path. Run on a GPU
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
 
 and expect "ERROR SUMMARY: 0 errors". On a Hopper GPU the cases with 128-key blocks run the sm_90a kernel, in
-64-row CTAs (these grids are small) but the last case, in 128-row CTAs (`--kernel-name kns=sm90` checks it alone;
+64-row CTAs (these grids are small) but the last two cases, in persistent 128-row CTAs (`--kernel-name kns=sm90` checks it alone;
 OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
 Exits non-zero if an output is not finite.
 """
@@ -41,9 +41,11 @@ def cases():
     yield OmniBlockMask.full(150, 333), 150, 333, 128, 4, 2, None
     # 160 CTAs of 64 rows at head dim 64: two per SM, all resident, in the folded launch order (fwd_kernel.cuh).
     yield OmniBlockMask.causal(640, 640), 640, 640, 64, 8, 2, None
-    # 192 CTAs of 128 rows (320 of 64 would not all fit at once on an H100 / H200): CTAs follow each other on an SM.
+    # 192 work items of 128 rows (320 CTAs of 64 would not all fit at once on an H100 / H200): persistent CTAs, one
+    # per SM, some taking two items (the second one's Q loading during the first one's epilogue).
     short_doc, short_grp = doc[:, :300].contiguous(), grp[:, :300].contiguous()
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 64, 32, 8, None
+    yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 128, 32, 8, 10.0
 
 
 def main() -> int:

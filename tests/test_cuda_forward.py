@@ -182,6 +182,26 @@ def test_more_query_blocks_than_multiprocessors(dim):
     assert_matches_reference(q, k, v, mask)
 
 
+def test_concurrent_calls_on_two_streams_each_get_every_work_item():
+    """The persistent Hopper forward hands out its work items from a counter in the call's own workspace: two
+    calls of 512 items each (several per CTA) running at once on two streams must each compute all of theirs."""
+    doc, grp = packed_vlm_ids(2, 2000, seed=21)
+    mask = OmniBlockMask.from_token_ids(doc, grp)
+    inputs = [_qkv(2, 16, 4, 2000, 2000, 128, torch.bfloat16, seed=seed) for seed in (21, 22)]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    results = [[], []]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for i, (stream, (q, k, v)) in enumerate(zip(streams, inputs)):
+            with torch.cuda.stream(stream):
+                results[i].append(_cuda.forward(q, k, v, mask, 128 ** -0.5, None))
+    torch.cuda.synchronize()
+    for (q, k, v), outs in zip(inputs, results):
+        want_out, want_lse = assert_matches_reference(q, k, v, mask)
+        for out, lse in outs:
+            assert torch.equal(out, want_out) and torch.equal(lse, want_lse), "a concurrent call differs"
+
+
 def test_kv_cache_slice_with_padded_stride():
     cache = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(7))
     k, v = cache[:, :1, :2500], cache[:, 1:, :2500]

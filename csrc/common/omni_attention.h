@@ -139,7 +139,7 @@ typedef struct {
 #define OMNI_TOKEN_SUMMARY_INTS 6  // per block: least id >= 0, greatest id, key; for docs, then groups
 
 int omni_abi_version(void);
-size_t omni_fwd_workspace_bytes(const OmniFwdParams* params);  // 0 unless the call splits its keys
+size_t omni_fwd_workspace_bytes(const OmniFwdParams* params);  // 0 unless it splits keys or runs persistent
 int omni_fwd(const OmniFwdParams* params);
 size_t omni_bwd_workspace_bytes(const OmniBwdParams* params);
 int omni_bwd(const OmniBwdParams* params);

@@ -25,8 +25,8 @@ int run_fwd_head_dim(const OmniFwdParams& p) {
 
 extern "C" size_t omni_fwd_workspace_bytes(const OmniFwdParams* params) {
   using namespace omni;
-  if (params == nullptr || check_call_params(*params) != OMNI_OK || !decode::supported(*params)) return 0;
-  return decode::workspace_bytes(*params);
+  if (params == nullptr || check_call_params(*params) != OMNI_OK) return 0;
+  return decode::supported(*params) ? decode::workspace_bytes(*params) : sm90::fwd_workspace_bytes(*params);
 }
 
 extern "C" int omni_fwd(const OmniFwdParams* params) {

@@ -2,6 +2,8 @@
 #pragma once
 #include <cutlass/numeric_types.h>
 
+#include <cstddef>
+
 #include "common/omni_attention.h"
 
 namespace omni::sm90 {
@@ -11,6 +13,9 @@ namespace omni::sm90 {
 // kernel: mask blocks of 64 or 128 query rows and 128 keys, keys present, q / k / v readable by TMA.
 // Otherwise omni_fwd runs sm_80's.
 bool fwd_supported(const OmniFwdParams& p);
+
+// Workspace bytes the sm_90a forward needs for the call (0 when fwd_supported is false or it runs 64-row CTAs).
+size_t fwd_workspace_bytes(const OmniFwdParams& p);
 
 // Launches the forward for validated params; defined by fwd_launch.cuh, instantiated in inst/fwd_sm90_*.cu.
 template <typename Element, int kHeadDim>

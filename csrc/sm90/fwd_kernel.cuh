@@ -1,6 +1,8 @@
-// The sm_90a forward. One CTA per (query tile of kBlockM rows, head, batch) walks the active key tiles of the
-// mask's block row holding its rows (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines:
-//   warpgroup 0 (producer, one warp): TMA loads of Q once and of K, V per tile into a kStages-deep ring of
+// The sm_90a forward. A work item is a (query tile of kBlockM rows, head, batch); its CTA walks the active key
+// tiles of the mask's block row holding its rows (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines.
+// 128-row CTAs are persistent: one per SM, each taking items from a work counter (in the workspace) until none is
+// left, the next item's Q and first tiles loading while the current one finishes; 64-row CTAs take one item each.
+//   warpgroup 0 (producer, one warp): TMA loads of Q per item and of K, V per tile into a kStages-deep ring of
 //     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
 //     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it.
 //   warpgroups 1 (, 2) (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
@@ -40,7 +42,7 @@ struct FwdParams {
   OmniFwdParams p;
   TmaQ tma_q;
   TmaKV tma_k, tma_v;
-  int fold;  // cta_work's launch order: the linear CTA index from which ranks run backwards (0: never)
+  int fold;  // launch_rank's order: the linear CTA index from which ranks run backwards (0: never)
 };
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
@@ -62,27 +64,32 @@ __forceinline__ __device__ QTile make_q_tile(int index, int block_m, const OmniF
   return {index, row0, row0 + offset, block, block * p.mask.block_q + offset};
 }
 
-// What this CTA computes: head, query tile, batch row. The grid is (heads, tiles, batch); CTAs start in linear
-// order, and rank r of the work goes to the r-th CTA: later query tiles first (under causal masks they see more
-// keys), the tile slowest so every batch row's long tiles lead. With two CTAs per SM all resident at once, the
-// CTAs from `fold` (the SM count) on run the ranks backwards, so the SM that took the k-th longest tile gets
-// the k-th shortest beside it rather than the next long one.
+// What a CTA computes: head, query tile, batch row. Rank r of the work (heads x tiles x batch) is: later query
+// tiles first (under causal masks they see more keys), the tile slowest so every batch row's long tiles lead.
+// Without a persistent grid the r-th CTA in launch order takes rank r, except that with two CTAs per SM all
+// resident at once the CTAs from `fold` (the SM count) on run the ranks backwards, so the SM that took the k-th
+// longest tile gets the k-th shortest beside it rather than the next long one. A persistent grid (one CTA per
+// SM) takes ranks from a work counter in the order CTAs ask for them.
 struct CtaWork {
   int head, tile, batch;
 };
 
-__forceinline__ __device__ CtaWork cta_work(int fold) {
-  const int64_t c = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-  const int64_t total = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t r = fold > 0 && c >= fold ? total - 1 - (c - fold) : c;
-  const int64_t heads_batches = int64_t(gridDim.x) * gridDim.z;
-  return {int(r % gridDim.x), int(gridDim.y - 1 - r / heads_batches), int(r % heads_batches / gridDim.x)};
+__forceinline__ __device__ CtaWork work_of_rank(int64_t r, int heads, int tiles, int batch) {
+  const int64_t heads_batches = int64_t(heads) * batch;
+  return {int(r % heads), int(tiles - 1 - r / heads_batches), int(r % heads_batches / heads)};
 }
 
-// Producer warp: issues every load of the CTA's tiles in order, a stage at a time as consumers free them.
+__forceinline__ __device__ int64_t launch_rank(int fold) {
+  const int64_t c = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  const int64_t total = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+  return fold > 0 && c >= fold ? total - 1 - (c - fold) : c;
+}
+
+// Producer warp, one work item: Q and its ids once, then the item's K, V tiles in order, a stage at a time as
+// consumers free them; the ring continues across items (g0: how many tiles went through it before).
 template <class Traits, class Params, class Storage>
 __forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, const QTile& qt,
-                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles) {
+                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles, int g0) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -113,8 +120,9 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   arrive_after_staging(&s.q_full);
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % Traits::kStages;
-    const int free_phase = ((t / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
+    const int g = g0 + t;
+    const int stage = g % Traits::kStages;
+    const int free_phase = ((g / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
     Barrier::wait(&s.k_empty[stage], free_phase);
     const KvTile tile =
         KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qt.block_qpos0, p.kv_len), t, m.block_kv, p.kv_len);
@@ -170,7 +178,7 @@ constexpr int kSchedulerBarrier = kEpilogueBarrier + 2;
 // (K after S(t) and its mask data are read, V after P.V).
 template <class Traits, bool kSoftcap, class Storage>
 __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int b, int h, int row0, int qpos0,
-                                        int n_tiles) {
+                                        int n_tiles, int g0) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -208,7 +216,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   const int other = kSchedulerBarrier + (wg ^ 1);
   if (Traits::kPingPong && wg == 1 && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
   auto scores = [&](int t, int stage) {  // issue S(t) in this warpgroup's turn; returns the tile
-    Barrier::wait(&s.k_full[stage], (t / kStages) & 1);
+    Barrier::wait(&s.k_full[stage], ((g0 + t) / kStages) & 1);
     if constexpr (Traits::kPingPong) named_barrier_sync(kSchedulerBarrier + wg, 2 * 128);
     gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
     return s.tile[stage];
@@ -216,49 +224,53 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   auto pass_turn = [&](int t) {
     if (Traits::kPingPong && (wg == 0 || t + 1 < n_tiles)) named_barrier_arrive(other, 2 * 128);
   };
-  auto mask_and_softmax = [&](const KvTile& tile, int stage) {  // S(t) has landed
+  auto mask_and_softmax = [&](int t, const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
     if (tile.kind != kTileFull) mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
     Barrier::arrive(&s.k_empty[stage]);
+    if (t == n_tiles - 1) Barrier::arrive(&s.q_empty);  // Q and its ids are no longer read
     softmax.update_scores(s_rc, scale_log2, rescale);
   };
 
-  Barrier::wait(&s.q_full, 0);
+  if (n_tiles == 0) Barrier::arrive(&s.q_empty);
   if (n_tiles > 0) {
-    const KvTile tile = scores(0, 0);
+    const KvTile tile = scores(0, g0 % kStages);
     pass_turn(0);
     gemm_wait<0>(acc_s);
-    mask_and_softmax(tile, 0);
+    mask_and_softmax(0, tile, g0 % kStages);
     rP = convert_fragment<Element>(acc_s);
   }
   for (int t = 1; t < n_tiles; ++t) {
-    const int stage = t % kStages;
-    const int prev = (t - 1) % kStages;
+    const int stage = (g0 + t) % kStages;
+    const int prev = (g0 + t - 1) % kStages;
     const KvTile tile = scores(t, stage);
     DeferredSoftmax<kRows>::rescale_output(o_rc, rescale);
-    Barrier::wait(&s.v_full[prev], ((t - 1) / kStages) & 1);
+    Barrier::wait(&s.v_full[prev], ((g0 + t - 1) / kStages) & 1);
     gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, prev), acc_o);
     pass_turn(t);
     gemm_wait<1>(acc_s);
-    mask_and_softmax(tile, stage);
+    mask_and_softmax(t, tile, stage);
     gemm_wait<0>(acc_o);
     Barrier::arrive(&s.v_empty[prev]);
     rP = convert_fragment<Element>(acc_s);
   }
   if (n_tiles > 0) {
-    const int last = (n_tiles - 1) % kStages;
+    const int last = (g0 + n_tiles - 1) % kStages;
     DeferredSoftmax<kRows>::rescale_output(o_rc, rescale);
-    Barrier::wait(&s.v_full[last], ((n_tiles - 1) / kStages) & 1);
+    Barrier::wait(&s.v_full[last], ((g0 + n_tiles - 1) / kStages) & 1);
     gemm_issue<false>(mma_pv, tOrP, tOrVt(_, _, _, last), acc_o);
     gemm_wait<0>(acc_o);
     Barrier::arrive(&s.v_empty[last]);
   }
 
-  // Epilogue: normalise, stage this warpgroup's 64 rows of O in its rows of Q's buffer, store 16-byte rows.
+  // Epilogue: normalise, stage this warpgroup's 64 rows of O in its rows of the O buffer (after the previous
+  // item's stores have read it), store 16-byte rows.
   float lse[kRows];
   softmax.finalize(o_rc, scale_log2, lse);
   Tensor rO = convert_fragment<Element>(acc_o);
-  copy(rO, thr_pv.partition_C(sQ));
+  Tensor sO_all = make_tensor(make_smem_ptr(Traits::kPersistent ? s.o : s.q), typename Traits::SmemLayoutQ{});
+  if constexpr (Traits::kPersistent) named_barrier_sync(kEpilogueBarrier + wg, 128);
+  copy(rO, thr_pv.partition_C(sO_all));
   named_barrier_sync(kEpilogueBarrier + wg, 128);
 
   using StoreThreads = Layout<Shape<_16, _8>, Stride<_8, _1>>;
@@ -266,7 +278,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
                                   Layout<Shape<_1, _8>>{});
   auto store_thr = store_op.get_thread_slice(ctid % 128);
   const int wg_row0 = row0 + wg * 64;
-  Tensor sO = local_tile(sQ, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, _0{}));
+  Tensor sO = local_tile(sO_all, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, _0{}));
   Element* out = static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
                  int64_t(wg_row0) * p.out.stride_s;
   Tensor gO = make_tensor(make_gmem_ptr(out), Shape<_64, Int<kHeadDim>>{}, make_stride(p.out.stride_s, _1{}));
@@ -285,17 +297,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   extern __shared__ __align__(1024) char smem[];
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const OmniFwdParams& p = params.p;
-  const CtaWork work = cta_work(params.fold);
-  const int h = work.head;
-  const int b = work.batch;
-  const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
-  const int h_kv = h / (p.heads_q / p.heads_kv);
-  const KvTileWalker<Traits::kBlockN> walker(p.mask, b, p.mask.heads == 1 ? 0 : h, qt.block, qt.block_qpos0,
-                                             p.kv_len);
-  const int n_tiles = walker.num_tiles(p.mask.block_kv);
+  const int tiles = (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t total = int64_t(p.heads_q) * tiles * p.batch;
 
   if (threadIdx.x == 0) {
     Barrier::init(&s.q_full, kFullArrivals);
+    Barrier::init(&s.q_empty, Traits::kConsumerThreads);
     for (int i = 0; i < Traits::kStages; ++i) {
       Barrier::init(&s.k_full[i], kFullArrivals);
       Barrier::init(&s.v_full[i], 1);
@@ -306,12 +313,52 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   }
   __syncthreads();
 
+  // The producer publishes each item (its rank and tile count) with its Q; a rank past the work ends the CTA.
   if (threadIdx.x < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x < 32) produce<Traits>(params, s, b, h, h_kv, qt, walker, n_tiles);
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      unsigned long long* work_counter = static_cast<unsigned long long*>(p.workspace);  // zeroed by the launch
+      int64_t rank = Traits::kPersistent ? blockIdx.x : launch_rank(params.fold);
+      int g = 0;
+      for (int j = 0;; ++j) {
+        Barrier::wait(&s.q_empty, (j & 1) ^ 1);
+        int64_t next = total;  // asked for before the item's loads, so the answer is back when they are issued
+        if constexpr (Traits::kPersistent) {
+          if (lane == 0 && rank < total) next = int64_t(atomicAdd(work_counter, 1ull)) + gridDim.x;
+          next = __shfl_sync(0xffffffff, next, 0);
+        }
+        if (rank >= total) {
+          if (lane == 0) {
+            s.item = FwdItem{-1, 0};
+            Barrier::arrive(&s.q_full);
+          }
+          arrive_after_staging(&s.q_full);
+          break;
+        }
+        const CtaWork work = work_of_rank(rank, p.heads_q, tiles, p.batch);
+        const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
+        const KvTileWalker<Traits::kBlockN> walker(p.mask, work.batch, p.mask.heads == 1 ? 0 : work.head, qt.block,
+                                                   qt.block_qpos0, p.kv_len);
+        const int n_tiles = walker.num_tiles(p.mask.block_kv);
+        if (lane == 0) s.item = FwdItem{rank, n_tiles};
+        produce<Traits>(params, s, work.batch, work.head, work.head / (p.heads_q / p.heads_kv), qt, walker, n_tiles, g);
+        g += n_tiles;
+        rank = next;
+      }
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume<Traits, kSoftcap>(p, s, b, h, qt.row0, qt.qpos0, n_tiles);
+    int g = 0;
+    for (int j = 0;; ++j) {
+      Barrier::wait(&s.q_full, j & 1);
+      const FwdItem item = s.item;
+      if (item.rank < 0) break;
+      const CtaWork work = work_of_rank(item.rank, p.heads_q, tiles, p.batch);
+      const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
+      consume<Traits, kSoftcap>(p, s, work.batch, work.head, qt.row0, qt.qpos0, item.n_tiles, g);
+      g += item.n_tiles;
+    }
   }
 #elif defined(__CUDA_ARCH__)
   // Compiled for a target without wgmma (sm_80, or plain sm_90 instead of sm_90a): omni_fwd only launches this

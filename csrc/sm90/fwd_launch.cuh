@@ -11,7 +11,7 @@
 
 namespace omni::sm90 {
 
-// The grid of a launch with kBlockM-row query tiles: (heads, tiles, batch), as fwd_kernel's cta_work reads it.
+// The grid of a launch of one CTA per work item: (heads, tiles, batch), as fwd_kernel's launch_rank reads it.
 template <int kBlockM>
 dim3 fwd_grid(const OmniFwdParams& p) {
   return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
@@ -26,7 +26,7 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   constexpr int kHeadDim = Traits::kHeadDim;
   const dim3 grid = fwd_grid<Traits::kBlockM>(p);
   const int64_t ctas = cta_count(grid);
-  const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see cta_work
+  const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see launch_rank
   const FwdParams<Traits> params{
       p,
       make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
@@ -36,19 +36,27 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;
-  kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(params);
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  dim3 launch_grid = grid;
+  if constexpr (Traits::kPersistent) {  // one CTA per SM and a zeroed work counter
+    if (p.workspace == nullptr || p.workspace_bytes < kPersistentWorkspaceBytes) {
+      return fail(OMNI_ERR_WORKSPACE, "workspace of %zu bytes at %p; the persistent sm90 forward needs %zu (ask "
+                  "omni_fwd_workspace_bytes)", p.workspace_bytes, p.workspace, kPersistentWorkspaceBytes);
+    }
+    if (int s = check_cuda(cudaMemsetAsync(p.workspace, 0, kPersistentWorkspaceBytes, stream), "work counter")) return s;
+    launch_grid = dim3(static_cast<unsigned>(ctas < sms ? ctas : sms));
+  }
+  kernel<<<launch_grid, Traits::kNThreads, kSmem, stream>>>(params);
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
 
-// 64-row CTAs where the mask's blocks have 64 rows, or where all of them run at once on the GPU (e.g. B 1,
-// H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128, which would leave half of 132
-// multiprocessors idle); 128-row CTAs, whose two warpgroups ping-pong, everywhere else.
+// 64-row CTAs or persistent 128-row ones, as takes_64_rows (fwd_traits.cuh) decides.
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   using Traits64 = FwdTraits<Element, kHeadDim, 64>;
   using Traits128 = FwdTraits<Element, kHeadDim, 128>;
   const int sms = multiprocessors();
-  const bool rows64 = p.mask.block_q == 64 || cta_count(fwd_grid<64>(p)) <= int64_t(sms) * Traits64::kCtasPerSm;
+  const bool rows64 = takes_64_rows<kHeadDim>(p, sms);
   return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
     return rows64 ? launch_fwd_kernel<Traits64, softcap()>(p, sms) : launch_fwd_kernel<Traits128, softcap()>(p, sms);
   });

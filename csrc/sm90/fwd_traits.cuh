@@ -11,6 +11,12 @@ namespace omni::sm90 {
 
 using namespace cute;
 
+// A work item as the producer publishes it to the consumers: its rank (-1: no more work) and tile count.
+struct FwdItem {
+  int64_t rank;
+  int n_tiles;
+};
+
 template <typename Element_, int kHeadDim_, int kBlockM_ = 128>
 struct FwdTraits {
   using Element = Element_;
@@ -54,14 +60,21 @@ struct FwdTraits {
   static constexpr int kPoolWords = kBlockN / 32;
   static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
 
+  // 128-row CTAs run persistent (one per SM, work items from a counter), with a separate buffer for the output
+  // tile so the next item's Q can load during an epilogue; 64-row CTAs run one item and stage O in Q's buffer.
+  static constexpr bool kPersistent = kBlockM == 128;
+
   struct SharedStorage {
-    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // reused for the output tile in the epilogue
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // also the output tile's buffer, unless persistent
+    alignas(1024) Element o[kPersistent ? cosize_v<SmemLayoutQ> : 8];
     alignas(1024) Element k[cosize_v<SmemLayoutK>];
     alignas(1024) Element v[cosize_v<SmemLayoutV>];
     alignas(16) int q_ids[2 * kBlockM];           // [doc, grp] of the query rows (token rule)
     alignas(16) int aux[kStages][kAuxInts];
     KvTile tile[kStages];                          // what the producer decoded for each stage
-    alignas(8) uint64_t q_full;                    // Q and q_ids landed
+    FwdItem item;                                  // the work item of the Q in smem
+    alignas(8) uint64_t q_full;                    // Q, q_ids and the item landed
+    uint64_t q_empty;                              // every consumer thread is done with Q and q_ids
     uint64_t k_full[kStages];                      // K tile, its descriptor and its mask data landed
     uint64_t v_full[kStages];                      // V tile landed
     uint64_t k_empty[kStages];                     // every consumer thread is done with K and the mask data
@@ -81,5 +94,19 @@ struct FwdTraits {
   static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs, kCtasPerSm),
                 "setmaxnreg split exceeds the launch");
 };
+
+// Bytes of workspace a persistent forward needs: its work counter.
+constexpr size_t kPersistentWorkspaceBytes = 16;
+
+// Whether a call runs 64-row CTAs: where the mask's blocks have 64 rows, or where every 64-row CTA of the call
+// is resident at once (e.g. B 1, H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128, which
+// would leave half of 132 multiprocessors idle). Otherwise 128-row CTAs, whose two warpgroups ping-pong, run
+// persistent. `sms`: the device's multiprocessors.
+template <int kHeadDim>
+bool takes_64_rows(const OmniFwdParams& p, int sms) {
+  using Traits64 = FwdTraits<cutlass::half_t, kHeadDim, 64>;  // bf16 has the same sizes
+  const int64_t ctas = int64_t(p.heads_q) * p.batch * ((p.q_len + 63) / 64);
+  return p.mask.block_q == 64 || ctas <= int64_t(sms) * Traits64::kCtasPerSm;
+}
 
 }  // namespace omni::sm90

@@ -1,10 +1,13 @@
-// When omni_fwd takes the sm_90a forward and omni_bwd the sm_90a backward main kernel (host code only).
+// When omni_fwd takes the sm_90a forward (and the workspace it needs) and omni_bwd the sm_90a backward main
+// kernel (host code only).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 
 #include "sm90/bwd_api.cuh"
+#include "common/launch.cuh"
 #include "sm90/fwd_api.cuh"
+#include "sm90/fwd_traits.cuh"
 #include "sm90/tma.cuh"
 
 namespace omni::sm90 {
@@ -41,6 +44,13 @@ bool hopper_can_read(const OmniFwdParams& p) {
 
 bool fwd_supported(const OmniFwdParams& p) {
   return (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 && hopper_can_read(p);
+}
+
+size_t fwd_workspace_bytes(const OmniFwdParams& p) {
+  if (!fwd_supported(p)) return 0;
+  const int sms = multiprocessors();
+  const bool rows64 = p.head_dim == 64 ? takes_64_rows<64>(p, sms) : p.head_dim != 128 || takes_64_rows<128>(p, sms);
+  return rows64 ? 0 : kPersistentWorkspaceBytes;
 }
 
 bool bwd_supported(const OmniBwdParams& p) {
