@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -68,6 +66,9 @@ def measure_all(cases: list[tuple]) -> list[dict]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import measure
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("libs", nargs="+", help="NAME=path/to/libomni_hf_cuda.so")
     parser.add_argument("--rounds", type=int, default=3)
@@ -79,15 +80,7 @@ def main() -> None:
         print(json.dumps(measure_all(cases)))
         return
     libs = dict(arg.split("=", 1) for arg in args.libs)
-    runs: dict[str, list[list[dict]]] = {name: [] for name in libs}
-    for _ in range(args.rounds):
-        for name, path in libs.items():
-            env = {**os.environ, "OMNI_HF_CUDA_LIB": str(Path(path).resolve()), "PYTHONPATH": str(ROOT)}
-            out = subprocess.run([sys.executable, __file__, "--child", "--cases", args.cases, "x=y"], env=env, capture_output=True,
-                                 text=True, check=True, cwd=ROOT).stdout
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"round {len(runs[name])} {name}: " + ", ".join(f"{r['kernel_us']:.1f}" for r in runs[name][-1]),
-                  file=sys.stderr, flush=True)
+    runs = measure.alternate_libraries(__file__, ["--cases", args.cases, "x=y"], libs, args.rounds, str(ROOT))
     import torch
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"rounds {args.rounds} (median)")
     header = ["case"] + [f"{name} {col}" for name in libs for col in ("kernel us", "TFLOP/s", "eager us")]
