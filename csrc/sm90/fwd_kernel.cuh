@@ -232,8 +232,9 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
     softmax.update_scores(s_rc, scale_log2, rescale);
   };
 
-  if (n_tiles == 0) Barrier::arrive(&s.q_empty);
-  if (n_tiles > 0) {
+  if (n_tiles == 0) {
+    Barrier::arrive(&s.q_empty);
+  } else {
     const KvTile tile = scores(0, g0 % kStages);
     pass_turn(0);
     gemm_wait<0>(acc_s);

@@ -11,14 +11,6 @@
 
 namespace omni::sm90 {
 
-// The grid of a launch of one CTA per work item: (heads, tiles, batch), as fwd_kernel's launch_rank reads it.
-template <int kBlockM>
-dim3 fwd_grid(const OmniFwdParams& p) {
-  return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
-}
-
-inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * grid.z; }
-
 // `sms`: the device's multiprocessors.
 template <class Traits, bool kSoftcap>
 int launch_fwd_kernel(const OmniFwdParams& p, int sms) {

@@ -95,6 +95,14 @@ struct FwdTraits {
                 "setmaxnreg split exceeds the launch");
 };
 
+// The grid of a launch of one CTA per work item: (heads, tiles, batch), as fwd_kernel's launch_rank reads it.
+template <int kBlockM>
+dim3 fwd_grid(const OmniFwdParams& p) {
+  return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
+}
+
+inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * grid.z; }
+
 // Bytes of workspace a persistent forward needs: its work counter.
 constexpr size_t kPersistentWorkspaceBytes = 16;
 
@@ -105,8 +113,7 @@ constexpr size_t kPersistentWorkspaceBytes = 16;
 template <int kHeadDim>
 bool takes_64_rows(const OmniFwdParams& p, int sms) {
   using Traits64 = FwdTraits<cutlass::half_t, kHeadDim, 64>;  // bf16 has the same sizes
-  const int64_t ctas = int64_t(p.heads_q) * p.batch * ((p.q_len + 63) / 64);
-  return p.mask.block_q == 64 || ctas <= int64_t(sms) * Traits64::kCtasPerSm;
+  return p.mask.block_q == 64 || cta_count(fwd_grid<64>(p)) <= int64_t(sms) * Traits64::kCtasPerSm;
 }
 
 }  // namespace omni::sm90
