@@ -9,7 +9,7 @@ serves every torch from 2.10 on. This module loads it, registers the ops' fake i
 - `unsupported_reason(q, mask)`: None when the kernels can run such a call, else a short reason;
 - `forward(q, k, v, mask, scale, softcap) -> (out, lse)`;
 - `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`;
-- `token_mask_lists(...)`: `OmniBlockMask.from_token_ids`'s lists in two launches.
+- `token_mask(...)`: `OmniBlockMask.from_token_ids`'s lists and token ranges in three launches.
 
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
 hands over), out and dq are too, so transposing them back costs no copy (`output_strides`).
@@ -33,10 +33,10 @@ import torch
 from . import build as _build
 from .mask import OmniBlockMask
 
-__all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask_lists",
+__all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
 
-ABI_VERSION = 3  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
+ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
 HEAD_DIMS = (64, 128)
 BLOCK_SIZES = (64, 128)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -215,30 +215,31 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def forward_flat(q, k, v, mask_tensors, mask_sizes, scale: float, softcap: float):
     """`forward` on the mask flattened by `OmniBlockMask._op_args` (what `omni_attention` carries)."""
-    num, indices, types, partial, _, _, _, _, pool, doc, grp = mask_tensors
+    num, indices, types, partial, _, _, _, _, pool, doc, grp, ranges = mask_tensors
     _, _, block_q, block_kv, window, kind = mask_sizes
-    return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, kind, block_q,
-                                         block_kv, window, scale, softcap)
+    return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
+                                         block_q, block_kv, window, scale, softcap)
 
 
 def backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
     """`backward` on the mask flattened by `OmniBlockMask._op_args`."""
-    _, _, _, _, num, indices, types, partial, pool, doc, grp = mask_tensors
+    _, _, _, _, num, indices, types, partial, pool, doc, grp, ranges = mask_tensors
     _, _, block_q, block_kv, window, kind = mask_sizes
-    return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, kind,
-                                         block_q, block_kv, window, scale, softcap)
+    return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
+                                         kind, block_q, block_kv, window, scale, softcap)
 
 
-def token_mask_lists(doc_ids: torch.Tensor, group_ids: torch.Tensor, q_len: int, block_q: int, block_kv: int,
-                     window: int | None) -> list[torch.Tensor]:
-    """The row and column views of `OmniBlockMask.from_token_ids`, built by the library (no host sync).
+def token_mask(doc_ids: torch.Tensor, group_ids: torch.Tensor, q_len: int, block_q: int, block_kv: int,
+               window: int | None) -> list[torch.Tensor]:
+    """The row and column views and the token ranges of `OmniBlockMask.from_token_ids`, built by the library (no
+    host sync).
 
     Args:
         doc_ids, group_ids: int32 ``[B, kv_len]`` contiguous, on one CUDA device (checked by the caller).
         q_len: at most kv_len; block_q, block_kv: 64 or 128; window: None or > 0.
     Returns:
         kv_num_blocks, kv_indices, kv_types, kv_partial, q_num_blocks, q_indices, q_types, q_partial with
-        mask heads 1, byte for byte what the PyTorch build gives.
+        mask heads 1, and token_ranges ``[B, kv_len, 4]``: byte for byte what the PyTorch build gives.
     """
     return list(torch.ops.omni_hf.token_mask.default(doc_ids, group_ids, q_len, block_q, block_kv, window or 0))
 
@@ -264,12 +265,13 @@ def _register_fakes() -> None:
     """Shapes, dtypes and strides of the ops' outputs, for tracing; registered once the library defines them."""
 
     @torch.library.register_fake("omni_hf::fwd")
-    def _(q, k, v, num, indices, types, partial, pool, doc, grp, kind, block_q, block_kv, window, scale, softcap):
+    def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,
+          softcap):
         return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.register_fake("omni_hf::bwd")
-    def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, kind, block_q, block_kv, window,
-          scale, softcap):
+    def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
+          window, scale, softcap):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")
@@ -282,4 +284,4 @@ def _register_fakes() -> None:
             return [doc.new_empty(shape[:3]), doc.new_empty(shape), doc.new_empty(shape, dtype=torch.int8),
                     doc.new_empty(shape)]
 
-        return (*lists(num_q, num_kv), *lists(num_kv, num_q))
+        return (*lists(num_q, num_kv), *lists(num_kv, num_q), doc.new_empty((batch, kv_len, 4)))

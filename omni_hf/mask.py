@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from .token_ranges import token_ranges
+
 __all__ = ["BlockType", "MaskKind", "OmniBlockMask", "token_ids_from_spans"]
 
 BLOCK_SIZES = (64, 128)
@@ -82,6 +84,9 @@ class OmniBlockMask:
         doc_ids, group_ids: int32 ``[B, kv_len]`` per-token ids for token-rule PARTIAL blocks, or None.
         window: sliding window of the causal part (token rule, or an implicit CAUSAL mask), or None.
         kind: `MaskKind`, BLOCKS unless the mask is implicit.
+        token_ranges: int32 ``[B, kv_len, 4]``, the token rule of each position as ranges
+            (`omni_hf.token_ranges.token_ranges` of the ids and window), which the CUDA kernels test instead of
+            the ids where the ids allow it; set by `from_token_ids`, None elsewhere (the kernels compare ids).
     """
 
     kv_num_blocks: torch.Tensor | None
@@ -101,6 +106,7 @@ class OmniBlockMask:
     group_ids: torch.Tensor | None = None
     window: int | None = None
     kind: MaskKind = MaskKind.BLOCKS
+    token_ranges: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ sizes
 
@@ -186,9 +192,11 @@ class OmniBlockMask:
             window: optional sliding window for the causal part (``qpos - j < window``).
 
         Block summaries (min / max of doc and group per block) classify each block pair; fixed output
-        shapes and no host sync. On a GPU with the CUDA library loaded this is two kernel launches
-        (``omni_build_token_mask``); elsewhere, under ``torch.compile`` tracing, or with
-        ``OMNI_HF_BACKEND=reference``, a handful of vectorised PyTorch ops give the same lists.
+        shapes and no host sync. The mask also carries `token_ranges`, each position's allowed keys as one range
+        where the ids allow it (ids increasing along the row, one run each: as the collator numbers them), which
+        the CUDA kernels test instead of comparing ids. On a GPU with the CUDA library loaded this is three kernel
+        launches (``omni_build_token_mask``); elsewhere, under ``torch.compile`` tracing, or with
+        ``OMNI_HF_BACKEND=reference``, vectorised PyTorch ops give the same tensors.
         """
         doc_ids, group_ids = _check_token_ids(doc_ids, group_ids)
         kv_len = doc_ids.shape[1]
@@ -202,10 +210,11 @@ class OmniBlockMask:
         if _library_builds_token_masks(doc_ids):
             from . import _cuda
 
-            lists = _cuda.token_mask_lists(doc_ids, group_ids, q_len, block_q, block_kv, window)
-            return cls(*lists, pool, q_len, kv_len, block_q, block_kv, **token_rule)
+            *lists, ranges = _cuda.token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window)
+            return cls(*lists, pool, q_len, kv_len, block_q, block_kv, token_ranges=ranges, **token_rule)
         types = _classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
-        return cls._from_block_table(types[:, None], None, pool, q_len, kv_len, block_q, block_kv, **token_rule)
+        return cls._from_block_table(types[:, None], None, pool, q_len, kv_len, block_q, block_kv,
+                                     token_ranges=token_ranges(doc_ids, group_ids, window), **token_rule)
 
     @classmethod
     def from_key_padding(
@@ -512,7 +521,7 @@ class OmniBlockMask:
 
     def _op_args(self) -> tuple[list[torch.Tensor | None], list[int]]:
         """Flatten into tensors and ints for the ops (inverse: `_from_op_args`)."""
-        tensors = [getattr(self, name) for name in _TENSOR_FIELDS] + [self.doc_ids, self.group_ids]
+        tensors = [getattr(self, name) for name in _TENSOR_FIELDS] + [self.doc_ids, self.group_ids, self.token_ranges]
         ints = [self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0, int(self.kind)]
         return tensors, ints
 
@@ -521,7 +530,8 @@ class OmniBlockMask:
         q_len, kv_len, block_q, block_kv, window, kind = ints
         fields = dict(zip(_TENSOR_FIELDS, tensors))
         return cls(**fields, q_len=q_len, kv_len=kv_len, block_q=block_q, block_kv=block_kv,
-                   doc_ids=tensors[-2], group_ids=tensors[-1], window=window or None, kind=MaskKind(kind))
+                   doc_ids=tensors[-3], group_ids=tensors[-2], token_ranges=tensors[-1], window=window or None,
+                   kind=MaskKind(kind))
 
 
 _TENSOR_FIELDS = ("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices", "q_types",
@@ -858,7 +868,8 @@ def _validate(m: OmniBlockMask) -> None:
     _check_sizes(m.q_len, m.kv_len, m.block_q, m.block_kv)
     if m.implicit:
         _check_window(m.window)
-        held = [name for name in (*_TENSOR_FIELDS, "doc_ids", "group_ids") if getattr(m, name) is not None]
+        held = [name for name in (*_TENSOR_FIELDS, "doc_ids", "group_ids", "token_ranges")
+                if getattr(m, name) is not None]
         if held:
             raise ValueError(f"{held[0]}: expected None for an implicit mask (kind {m.kind.name}), got a tensor")
         return
@@ -889,6 +900,20 @@ def _validate(m: OmniBlockMask) -> None:
                 raise ValueError(f"{name}: expected int32 [{m.batch} or 1, kv_len={m.kv_len}], got {_describe_value(ids)}")
         if m.q_len > m.kv_len:
             raise ValueError(f"q_len: the token rule needs q_len <= kv_len={m.kv_len}, got {m.q_len}")
+    if m.token_ranges is not None:
+        _validate_token_ranges(m)
+
+
+def _validate_token_ranges(m: OmniBlockMask) -> None:
+    """token_ranges must be what `token_ranges` derives from the mask's ids and window (the kernels trust it)."""
+    if m.doc_ids is None or m.group_ids is None:
+        raise ValueError("token_ranges: derived from doc_ids / group_ids, which are None; expected None")
+    expected = (m.doc_ids.shape[0], m.kv_len, 4)
+    if tuple(m.token_ranges.shape) != expected or m.token_ranges.dtype != torch.int32:
+        raise ValueError(f"token_ranges: expected int32 of shape {expected}, got {_describe_value(m.token_ranges)}")
+    if not torch.equal(m.token_ranges, token_ranges(m.doc_ids, m.group_ids, m.window)):
+        raise ValueError("token_ranges: differs from token_ranges(doc_ids, group_ids, window); rebuild the mask with "
+                         "from_token_ids after changing its ids or window")
 
 
 def _validate_lists(prefix, num, idx, types, partial, batch, heads, rows, cols, pool_size) -> None:

@@ -205,6 +205,35 @@ def flex_dense(block_mask) -> torch.Tensor:
 # ---------------------------------------------------------------------- random inputs of the differential tests
 
 
+def packed_vlm_ids(batch: int, length: int, seed: int, doc_range=(100, 700), text_range=(1, 100),
+                   image_range=(30, 200), padded: bool = True, gaps: bool = False,
+                   device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """doc / group ids int32 [batch, length] of packed interleaved samples, numbered along the row as the collator
+    does: each document alternates text runs and images (one group id each); with `padded`, a random tail of each
+    row is padding (doc -1); with `gaps`, also up to 2 padding tokens before each document."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    doc = torch.full((batch, length), -1, dtype=torch.int32)
+    grp = torch.full((batch, length), -1, dtype=torch.int32)
+    for b in range(batch):
+        end_of_row, pos, d, group = length - (rand(0, length // 8) if padded else 0), 0, 0, 0
+        while pos < end_of_row:
+            pos += rand(0, 2) if gaps else 0
+            end = min(pos + rand(*doc_range), end_of_row)
+            doc[b, pos:end] = d
+            p = pos + rand(*text_range)
+            while p < end:
+                img = min(rand(*image_range), end - p)
+                grp[b, p:p + img] = group
+                group += 1
+                p += img + rand(*text_range)
+            pos, d = end, d + 1
+    return doc.to(device), grp.to(device)
+
+
 def random_token_ids(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """int32 [batch, length] doc and group ids: packed documents with padding (-1) on the left, on the right and
     between documents, and images (groups) of random sizes, some sharing an id or crossing a document boundary."""

@@ -12,25 +12,29 @@ Exits non-zero if an output is not finite.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_cuda_forward import packed_vlm_ids, random_block_dense  # noqa: E402
+from brute_force import packed_vlm_ids  # noqa: E402
+from test_cuda_forward import random_block_dense  # noqa: E402
 
 from omni_hf import OmniBlockMask, _cuda  # noqa: E402
 
 
 def cases():
     """(mask, q_len, kv_len, dim, heads_q, heads_kv, dtype, softcap) tuples covering every kernel path."""
-    doc, grp = packed_vlm_ids(2, 333, seed=1)
+    doc, grp = packed_vlm_ids(2, 333, seed=1, device="cuda")
     for block_q, block_kv in ((64, 64), (128, 128), (64, 128), (128, 64)):
         for dim in (64, 128):
             dense = random_block_dense(1, 2, 200, 333, block_q, block_kv, seed=dim + block_q)
             yield OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), 200, 333, dim, 2, 1, None
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
                    150, 333, dim, 4, 2, 10.0)
+    token_rule = OmniBlockMask.from_token_ids(doc, grp, q_len=150)  # ranges; without them the kernels compare ids
+    yield dataclasses.replace(token_rule, token_ranges=None), 150, 333, 128, 4, 2, None
     yield OmniBlockMask.causal(1, 333), 1, 333, 128, 2, 2, None
     # The decode path (at most 16 query rows per KV head): split keys with a merge, a window, softcap, empty rows.
     yield OmniBlockMask.causal(1, 2049), 1, 2049, 128, 8, 2, None

@@ -17,12 +17,15 @@ compute-sanitizer: ``python tests/test_cuda_backward.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
 from omni_hf import _cuda, reference
 from omni_hf.mask import OmniBlockMask
+from omni_hf.token_ranges import RANGE_INEXACT
 
 pytestmark = pytest.mark.skipif(not _cuda.available(), reason="needs a CUDA device and the omni_hf CUDA library")
 
@@ -169,6 +172,25 @@ def test_gradients_match_reference_under_the_token_rule(dtype, dim, window):
     _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window))
 
 
+@pytest.mark.parametrize("window", [None, 200])
+def test_token_ranges_give_the_gradients_of_the_ids(window):
+    """The sm_90a backward tests the keys' token_ranges where a batch row's ids allow it (row 0; row 1 reuses
+    document 0 and compares ids): gradients match the reference, and dk, dv (summed in registers, in a fixed order)
+    equal bit for bit those of the same mask without ranges (dq is summed by reductions in any order)."""
+    gen = torch.Generator("cuda").manual_seed(17)
+    q, k, v, dout = _qkv(2, 8, 2, 1100, 1100, 128, torch.bfloat16, gen=gen)
+    doc, grp = _token_ids(2, 1100, seed=17)
+    doc[1, 800:900] = 0
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window)
+    assert (mask.token_ranges[0] != RANGE_INEXACT).all() and (mask.token_ranges[1] == RANGE_INEXACT).all()
+    _check(dout, q, k, v, mask)
+    scale = q.shape[-1] ** -0.5
+    out, lse = reference.attention_forward(q, k, v, mask, scale, None)
+    _, *dkv_ranges = _cuda.backward(dout, q, k, v, out, lse, mask, scale, None)
+    _, *dkv_ids = _cuda.backward(dout, q, k, v, out, lse, dataclasses.replace(mask, token_ranges=None), scale, None)
+    assert all(torch.equal(a, b) for a, b in zip(dkv_ranges, dkv_ids))
+
+
 def test_token_rule_ids_broadcast_over_the_batch():
     gen = torch.Generator("cuda").manual_seed(5)
     q, k, v, dout = _qkv(3, 4, 1, 400, 400, 64, torch.bfloat16, gen=gen)
@@ -287,4 +309,5 @@ if __name__ == "__main__":  # small cases (every block type, both block sizes, t
         test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block)
     test_token_rule_ids_broadcast_over_the_batch()
     test_gradients_match_reference_under_the_token_rule(torch.bfloat16, 128, 100)
+    test_token_ranges_give_the_gradients_of_the_ids(200)
     print("ok")

@@ -5,14 +5,17 @@ rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
 import pytest
 import torch
 
+from brute_force import packed_vlm_ids
 from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
 from omni_hf import OmniBlockMask, _cuda, reference
+from omni_hf.token_ranges import RANGE_INEXACT
 
 pytestmark = pytest.mark.skipif(not _cuda.available(), reason="CUDA device or omni_hf CUDA library unavailable")
 
@@ -78,32 +81,6 @@ def random_block_dense(batch, heads, q_len, kv_len, block_q, block_kv, seed) -> 
     return (kind == 1) | ((kind == 2) & causal) | ((kind == 3) & bits)
 
 
-def packed_vlm_ids(batch, length, seed, doc_range=(100, 700), text_range=(1, 100), image_range=(30, 200),
-                   padded=True):
-    """doc / group ids int32 [batch, length] of packed interleaved samples: each document alternates text runs
-    and images (one group id each); with `padded`, a random tail of each row is padding (doc -1)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(lo, hi):
-        return int(torch.randint(lo, hi + 1, (1,), generator=g))
-
-    doc = torch.full((batch, length), -1, dtype=torch.int32)
-    grp = torch.full((batch, length), -1, dtype=torch.int32)
-    for b in range(batch):
-        end_of_row, pos, d, group = length - (rand(0, length // 8) if padded else 0), 0, 0, 0
-        while pos < end_of_row:
-            end = min(pos + rand(*doc_range), end_of_row)
-            doc[b, pos:end] = d
-            p = pos + rand(*text_range)
-            while p < end:
-                img = min(rand(*image_range), end - p)
-                grp[b, p:p + img] = group
-                group += 1
-                p += img + rand(*text_range)
-            pos, d = end, d + 1
-    return doc.cuda(), grp.cuda()
-
-
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("dim", (64, 128))
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -124,7 +101,7 @@ def test_random_mixture_of_every_block_type(dtype, dim, blocks):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_token_rule_packed_interleaved_documents(dtype, dim, blocks):
     block_q, block_kv = blocks
-    doc, grp = packed_vlm_ids(2, 1500, seed=dim + block_q)
+    doc, grp = packed_vlm_ids(2, 1500, seed=dim + block_q, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp, block_q=block_q, block_kv=block_kv)
     q, k, v = _qkv(2, 4, 1, 1500, 1500, dim, dtype, seed=2)
     assert_matches_reference(q, k, v, mask, ref_mask=mask.to_dense())
@@ -132,7 +109,7 @@ def test_token_rule_packed_interleaved_documents(dtype, dim, blocks):
 
 @pytest.mark.parametrize("q_len", (1, 77, 300, 1500))
 def test_token_rule_with_fewer_queries_than_keys(q_len):
-    doc, grp = packed_vlm_ids(2, 1500, seed=q_len, padded=False)  # the last queries must see something
+    doc, grp = packed_vlm_ids(2, 1500, seed=q_len, padded=False, device="cuda")  # the last queries see keys
     mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len)
     q, k, v = _qkv(2, 2, 2, q_len, 1500, 128, torch.bfloat16, seed=3)
     assert_matches_reference(q, k, v, mask)
@@ -140,10 +117,26 @@ def test_token_rule_with_fewer_queries_than_keys(q_len):
 
 @pytest.mark.parametrize("window", (1, 100, 700))
 def test_token_rule_with_sliding_window(window):
-    doc, grp = packed_vlm_ids(1, 2000, seed=window)
+    doc, grp = packed_vlm_ids(1, 2000, seed=window, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp, window=window, block_q=64, block_kv=128)
     q, k, v = _qkv(1, 4, 2, 2000, 2000, 64, torch.float16, seed=4)
     assert_matches_reference(q, k, v, mask)
+
+
+@pytest.mark.parametrize("window", (None, 300))
+@pytest.mark.parametrize("q_len", (700, 2000))
+def test_token_ranges_mask_exactly_as_the_ids_do(window, q_len):
+    """Masks from from_token_ids carry token_ranges, which the sm_90a kernels test instead of the ids where a batch
+    row's ids allow it (row 0); row 1 reuses document 0, so its items compare ids. Both match the reference, and the
+    output is bit for bit that of the same mask without ranges (ids everywhere)."""
+    doc, grp = packed_vlm_ids(2, 2000, seed=31, device="cuda")
+    doc[1, 1500:1600] = 0
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
+    assert (mask.token_ranges[0] != RANGE_INEXACT).all() and (mask.token_ranges[1] == RANGE_INEXACT).all()
+    q, k, v = _qkv(2, 8, 2, q_len, 2000, 128, torch.bfloat16, seed=5)
+    out, lse = assert_matches_reference(q, k, v, mask)
+    by_ids = _cuda.forward(q, k, v, dataclasses.replace(mask, token_ranges=None), q.shape[-1] ** -0.5, None)
+    assert torch.equal(out, by_ids[0]) and torch.equal(lse, by_ids[1])
 
 
 @pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 4100), (17, 17), (129, 129), (1000, 1000), (300, 4100),
@@ -156,7 +149,7 @@ def test_causal_lengths_and_bottom_right_alignment(q_len, kv_len):
 
 @pytest.mark.parametrize("heads_q,heads_kv", [(2, 2), (8, 2), (8, 1)])
 def test_gqa_ratios(heads_q, heads_kv):
-    doc, grp = packed_vlm_ids(1, 900, seed=heads_q)
+    doc, grp = packed_vlm_ids(1, 900, seed=heads_q, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp)
     q, k, v = _qkv(1, heads_q, heads_kv, 900, 900, 128, torch.float16, seed=5)
     assert_matches_reference(q, k, v, mask)
@@ -165,7 +158,7 @@ def test_gqa_ratios(heads_q, heads_kv):
 @pytest.mark.parametrize("blocks", ((64, 64), (128, 128)))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_bshd_inputs_are_read_in_place_and_out_keeps_their_layout(dtype, blocks):
-    doc, grp = packed_vlm_ids(2, 1100, seed=6)
+    doc, grp = packed_vlm_ids(2, 1100, seed=6, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp, block_q=blocks[0], block_kv=blocks[1])
     q, k, v = _qkv(2, 8, 2, 1100, 1100, 64, dtype, seed=6, bshd=True)
     assert not q.is_contiguous() and q.stride(-1) == 1
@@ -176,7 +169,7 @@ def test_strided_bshd_inputs_are_read_in_place_and_out_keeps_their_layout(dtype,
 @pytest.mark.parametrize("dim", (64, 128))
 def test_more_query_blocks_than_multiprocessors(dim):
     """512 CTAs of 128 query rows: several waves on any GPU, with mixed tile kinds."""
-    doc, grp = packed_vlm_ids(2, 2000, seed=13)
+    doc, grp = packed_vlm_ids(2, 2000, seed=13, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp)
     q, k, v = _qkv(2, 16, 4, 2000, 2000, dim, torch.bfloat16, seed=13)
     assert_matches_reference(q, k, v, mask)
@@ -185,7 +178,7 @@ def test_more_query_blocks_than_multiprocessors(dim):
 def test_concurrent_calls_on_two_streams_each_get_every_work_item():
     """The persistent Hopper forward hands out its work items from a counter in the call's own workspace: two
     calls of 512 items each (several per CTA) running at once on two streams must each compute all of theirs."""
-    doc, grp = packed_vlm_ids(2, 2000, seed=21)
+    doc, grp = packed_vlm_ids(2, 2000, seed=21, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp)
     inputs = [_qkv(2, 16, 4, 2000, 2000, 128, torch.bfloat16, seed=seed) for seed in (21, 22)]
     streams = [torch.cuda.Stream() for _ in inputs]
@@ -218,7 +211,7 @@ def test_softcap_and_scale(dtype):
 
 
 def test_fully_masked_rows_output_zero_and_lse_minus_inf():
-    doc, grp = packed_vlm_ids(2, 1000, seed=10)
+    doc, grp = packed_vlm_ids(2, 1000, seed=10, device="cuda")
     doc[:, 200:260] = -1  # padding inside the rows: these queries see nothing
     mask = OmniBlockMask.from_token_ids(doc, grp)
     q, k, v = _qkv(2, 2, 2, 1000, 1000, 64, torch.bfloat16, seed=10)
@@ -245,7 +238,7 @@ def test_mask_broadcast_over_batch_and_heads(mask_batch, mask_heads):
 
 
 def test_token_ids_broadcast_over_the_batch():
-    doc, grp = packed_vlm_ids(1, 1200, seed=13)
+    doc, grp = packed_vlm_ids(1, 1200, seed=13, device="cuda")
     mask = OmniBlockMask.from_token_ids(doc, grp)
     q, k, v = _qkv(3, 2, 2, 1200, 1200, 128, torch.bfloat16, seed=13)
     assert_matches_reference(q, k, v, mask)
@@ -323,7 +316,7 @@ def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, 
     heads = ctas_at_once // (batch * 16) + extra_head
     dense = None
     if mask_kind == "token_rule":
-        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(batch, q_len, seed=dim))
+        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(batch, q_len, seed=dim, device="cuda"))
     elif mask_kind == "causal":
         mask = OmniBlockMask.causal(q_len, q_len)
     else:

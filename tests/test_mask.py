@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brute_force import causal_dense, spans_dense, token_rule_dense
+from brute_force import causal_dense, packed_vlm_ids, random_token_ids, spans_dense, token_rule_dense
 from omni_hf import BlockType, OmniBlockMask, token_ids_from_spans
+from omni_hf.token_ranges import RANGE_INEXACT, token_ranges
 
 SETTINGS = settings(max_examples=40, deadline=None)
 block_sizes = st.sampled_from([64, 128])
@@ -420,7 +421,7 @@ def _library_builds_token_masks() -> bool:
 @given(token_ids(max_len=3000), block_sizes, block_sizes, st.data())
 def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_kv, data):
     """omni_build_token_mask against the PyTorch build (itself tested against the token rule above), byte
-    for byte on every field, entries past the counts included."""
+    for byte on every field, entries past the counts included, and the token ranges."""
     doc, grp = ids
     q_len = data.draw(st.integers(1, doc.shape[1]))
     window = data.draw(st.one_of(st.none(), st.integers(1, 3000)))
@@ -428,10 +429,29 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
     expected = OmniBlockMask.from_token_ids(doc, grp, **args)
     from omni_hf import _cuda
 
-    lists = _cuda.token_mask_lists(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
+    built = _cuda.token_mask(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
     mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda(), **args)
     for name, value in zip(("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices",
-                            "q_types", "q_partial"), lists):
+                            "q_types", "q_partial", "token_ranges"), built, strict=True):
         assert torch.equal(value.cpu(), getattr(expected, name)), name
         assert torch.equal(getattr(mask, name).cpu(), getattr(expected, name)), name
     mask.validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _library_builds_token_masks(), reason="needs CUDA and the CUDA library")
+@pytest.mark.parametrize("length", [2047, 2048, 2049, 4097, 8197, 40000])  # the library scans chunks of 2048
+@pytest.mark.parametrize("ids", ["packed", "random"])
+@pytest.mark.parametrize("window", [None, 1000])
+def test_library_token_ranges_equal_the_pytorch_ones_across_scan_chunks(length, ids, window):
+    """Runs of documents and images that cross the library's scan chunks, in rows with ranges (packed) and rows
+    mostly without (random: shared and split ids), batch 3."""
+    doc, grp = (packed_vlm_ids(3, length, seed=length, doc_range=(100, 9000), image_range=(30, 5000), gaps=True)
+                if ids == "packed" else random_token_ids(3, length, seed=length))
+    expected = token_ranges(doc, grp, window)
+    from omni_hf import _cuda
+
+    *_, built = _cuda.token_mask(doc.cuda(), grp.cuda(), length, 128, 128, window)
+    assert torch.equal(built.cpu(), expected)
+    if ids == "packed":
+        assert bool((expected != RANGE_INEXACT).all())

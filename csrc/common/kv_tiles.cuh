@@ -7,8 +7,17 @@
 
 namespace omni {
 
-// How a tile is masked. FULL tiles that reach past kv_len need the column limit and nothing else.
-enum TileKind : int { kTileFull = 0, kTileColLimit = 1, kTileCausal = 2, kTilePool = 3, kTileToken = 4 };
+// How a tile is masked. FULL tiles that reach past kv_len need the column limit and nothing else. The walks give
+// kTileToken for the token rule; the sm_90a producers make it kTileTokenRanges where the rows' ranges apply
+// (tile_aux.cuh's token_ranges_apply).
+enum TileKind : int {
+  kTileFull = 0,
+  kTileColLimit = 1,
+  kTileCausal = 2,
+  kTilePool = 3,
+  kTileToken = 4,
+  kTileTokenRanges = 5,
+};
 
 // One tile: its first key column, how to mask it, and its pool entry (PARTIAL from the pool only).
 struct KvTile {

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 3
+#define OMNI_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -84,6 +84,11 @@ typedef struct {
   const int32_t* doc_ids;         // [B|1, kv_len] int32, or NULL when no block uses the token rule
   const int32_t* group_ids;       // [B|1, kv_len] int32, or NULL
   int64_t ids_stride_b;           // 0 when the ids broadcast over the batch
+  // The token rule of each position as ranges, or NULL (the kernels then compare ids): [B|1, kv_len, 4] int32,
+  // batch stride 4 * ids_stride_b, (first, last) allowed key of the position as a query and (first, last) allowed
+  // query position of it as a key (omni_hf/token_ranges.py); INT32_MIN at every position of a batch row whose ids
+  // do not allow ranges. Used only where doc_ids is given.
+  const int32_t* token_ranges;
   int32_t window;                 // sliding window of the causal part (token rule, OMNI_MASK_CAUSAL); <= 0: none
   int32_t block_q, block_kv;      // 64 or 128 each
   int32_t heads;                  // 1 or heads_q (the H of the lists above); 1 for implicit kinds
@@ -132,11 +137,17 @@ typedef struct {
   int32_t window;                 // <= 0: none
   OmniBlockListOut kv;            // row view: per Q block its KV blocks
   OmniBlockListOut q;             // column view: per KV block its Q blocks
-  int32_t* workspace;             // OMNI_TOKEN_SUMMARY_INTS * B * (nQ + nK) int32, contents need no init
+  int32_t* token_ranges;          // [B, kv_len, 4] int32 out (OmniMask::token_ranges), or NULL: not built
+  int32_t* workspace;             // int32 of the size given below, contents need no init
   void* stream;                   // cudaStream_t
 } OmniTokenMaskParams;
 
 #define OMNI_TOKEN_SUMMARY_INTS 6  // per block: least id >= 0, greatest id, key; for docs, then groups
+#define OMNI_TOKEN_RANGE_CHUNK 2048    // positions per CTA of the token ranges' scans
+#define OMNI_TOKEN_RANGE_SUMMARY_INTS 12  // per chunk of a row: what the other chunks need of it
+// Workspace of omni_build_token_mask: OMNI_TOKEN_SUMMARY_INTS * B * (nQ + nK) ints for the blocks, rounded up to a
+// multiple of 4, then (where token_ranges is asked for) OMNI_TOKEN_RANGE_SUMMARY_INTS * B * ceil(kv_len /
+// OMNI_TOKEN_RANGE_CHUNK) for the chunks; 16-byte aligned.
 
 int omni_abi_version(void);
 size_t omni_fwd_workspace_bytes(const OmniFwdParams* params);  // 0 unless it splits keys or runs persistent

@@ -1,5 +1,7 @@
 // Per-tile mask data staged in shared memory next to the K tile, with cp.async so no register holds it:
 //   token ids: [doc[kCount], grp[kCount]] of kCount consecutive positions;
+//   token ranges: [first, last] of kCount consecutive positions, the allowed keys of each as a query or the
+//              allowed queries of each as a key (OmniMask::token_ranges; the sm_90a kernels' token rule);
 //   pool rows: the kRows x kWords words of one PARTIAL pattern that a tile's columns cover, laid out as a
 //              one-entry pool [1][kRows][kWords] so mask_rule.cuh's pool_allowed reads it unchanged.
 // Missing id arrays mean one document (doc 0) and all text (grp -1); positions outside [0, kv_len) get doc -1
@@ -36,6 +38,37 @@ __forceinline__ __device__ void stage_token_ids(int* smem, const int* doc, const
       smem[idx] = is_grp ? -1 : 0;
     } else {
       cp_async_4(smem + idx, src + pos);
+    }
+  }
+}
+
+// Whether the token rule of batch row b can be staged as ranges: given for the row (not marked INT32_MIN there), or
+// following from positions alone where there are no ids (one document of text: an implicit causal mask's window).
+__forceinline__ __device__ bool token_ranges_apply(const OmniMask& m, int b) {
+  if (m.doc_ids == nullptr) return m.group_ids == nullptr;
+  return m.token_ranges != nullptr && m.token_ranges[4 * (b * m.ids_stride_b)] != INT32_MIN;
+}
+
+// Stages the ranges of positions pos0 .. pos0 + kCount - 1 of batch row b into smem[0 .. 2 * kCount) as (first,
+// last) pairs: the allowed keys of each position as a query (kAsKey false) or its allowed queries as a key.
+// Positions outside [0, kv_len) get the empty range (0, -1). Only where token_ranges_apply.
+template <int kCount, int kNThreads, bool kAsKey>
+__forceinline__ __device__ void stage_token_ranges(int* smem, const OmniMask& m, int b, int pos0, int kv_len,
+                                                   int tid) {
+  CUTE_UNROLL
+  for (int idx = tid; idx < kCount; idx += kNThreads) {
+    const int pos = pos0 + idx;
+    int2* dst = reinterpret_cast<int2*>(smem) + idx;
+    if (pos < 0 || pos >= kv_len) {
+      *dst = make_int2(0, -1);
+    } else if (m.doc_ids != nullptr) {
+      const int* src = m.token_ranges + 4 * (b * m.ids_stride_b + pos) + (kAsKey ? 2 : 0);
+      cute::SM80_CP_ASYNC_CACHEALWAYS<uint64_t>::copy(*reinterpret_cast<const uint64_t*>(src),
+                                                       *reinterpret_cast<uint64_t*>(dst));
+    } else {  // all text of one document: the causal window
+      const int reach = m.window > 0 ? m.window - 1 : kv_len;
+      *dst = kAsKey ? make_int2(pos, reach < kv_len - 1 - pos ? pos + reach : kv_len - 1)
+                    : make_int2(reach < pos ? pos - reach : 0, pos);
     }
   }
 }

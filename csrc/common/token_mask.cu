@@ -1,11 +1,15 @@
-// omni_build_token_mask: the token-rule block lists of omni_hf.mask.OmniBlockMask.from_token_ids in two
-// launches instead of ~80 small PyTorch ops (the build is launch-bound on a GPU).
+// omni_build_token_mask: the token-rule block lists of omni_hf.mask.OmniBlockMask.from_token_ids, and its token
+// ranges, in four launches instead of ~100 small PyTorch ops (the build is launch-bound on a GPU).
 //
 //   1. summarise_blocks: one warp per Q block and per KV block reduces its ids to six ints (least id >= 0,
 //      greatest id, key; for documents, then groups), as _TokenSummary does.
 //   2. write_lists: one warp per row of each view classifies its (Q block, KV block) pairs from the
 //      summaries, as _classify_token_blocks does, and compacts the active ones with a ballot.
+//   3. summarise_chunks, write_ranges: the token ranges (omni_hf/token_ranges.py), see below.
 #include <climits>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "common/status.cuh"
 
@@ -154,6 +158,207 @@ __global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int
   if (lane == 0) out.num_blocks[static_cast<int64_t>(b) * (row_view ? g.num_q : g.num_kv) + row] = count;
 }
 
+// 3. The token ranges (omni_hf/token_ranges.py, int for int), one CTA per chunk of OMNI_TOKEN_RANGE_CHUNK
+//    positions of a batch row, in two launches: summarise_chunks reduces each chunk to what the others need of it
+//    (RangeChunk); write_ranges combines the summaries of its row's other chunks with scans of its own.
+constexpr int kRangeThreads = 256;
+constexpr int kRangeItems = OMNI_TOKEN_RANGE_CHUNK / kRangeThreads;  // consecutive positions per thread
+static_assert(kRangeThreads * kRangeItems == OMNI_TOKEN_RANGE_CHUNK, "a chunk is whole threads' items");
+
+// A chunk's summary. Per position: where its document / group run ends and, where a counted run (id >= 0) starts,
+// that id; where its runs start. "Counted run ids increase" is the condition for ranges (token_ranges.py).
+struct RangeChunk {
+  int4 ends_min;   // least (document end, group end, counted document start id, counted group start id)
+  int2 starts_max;  // greatest (document start, group start)
+  int2 ids_max;     // greatest (counted document start id, counted group start id)
+  int bad;          // counted run ids do not increase inside the chunk
+  int pad[3];
+};
+static_assert(sizeof(RangeChunk) == OMNI_TOKEN_RANGE_SUMMARY_INTS * sizeof(int), "summary size");
+
+struct Int4Min {
+  __device__ int4 operator()(int4 a, int4 b) const {
+    return make_int4(min(a.x, b.x), min(a.y, b.y), min(a.z, b.z), min(a.w, b.w));
+  }
+};
+
+struct Int2Max {
+  __device__ int2 operator()(int2 a, int2 b) const { return make_int2(max(a.x, b.x), max(a.y, b.y)); }
+};
+
+__device__ constexpr int4 kNoEnds = {INT_MAX, INT_MAX, INT_MAX, INT_MAX};
+__device__ constexpr int2 kNoIds = {INT_MIN, INT_MIN};
+__device__ constexpr int2 kNoStarts = {0, 0};  // position 0 starts every run: no position's first start is below
+
+// One chunk of one batch row in shared memory: the token rule's ids (document; group on real tokens, -1 on
+// padding) of the chunk's positions and of one neighbour on each side, and what each position shows.
+struct ChunkIds {
+  int2 ids[OMNI_TOKEN_RANGE_CHUNK + 2];
+  int chunk0, kv_len;
+
+  __device__ void stage(const int32_t* doc, const int32_t* grp, int chunk, int length) {
+    const int first = chunk * OMNI_TOKEN_RANGE_CHUNK;
+    if (threadIdx.x == 0) {
+      chunk0 = first;
+      kv_len = length;
+    }
+    for (int i = threadIdx.x; i < OMNI_TOKEN_RANGE_CHUNK + 2; i += kRangeThreads) {
+      const int p = first - 1 + i;
+      const int d = p >= 0 && p < length ? doc[p] : -1;
+      ids[i] = make_int2(d, p >= 0 && p < length && d >= 0 ? grp[p] : -1);
+    }
+    __syncthreads();
+  }
+  __device__ int2 at(int p) const { return ids[p - chunk0 + 1]; }
+  // Whether a document run and a group run start at p (a group never continues into the next document).
+  __device__ bool doc_starts(int p) const { return p == 0 || at(p - 1).x != at(p).x; }
+  __device__ bool grp_starts(int p) const { return doc_starts(p) || at(p - 1).y != at(p).y; }
+  // (document end, group end, counted document start id, counted group start id) at p, kNoEnds where none.
+  __device__ int4 ends(int p) const {
+    if (p >= kv_len) return kNoEnds;
+    const bool last = p == kv_len - 1;
+    const int2 id = at(p);
+    return make_int4(last || doc_starts(p + 1) ? p : INT_MAX, last || grp_starts(p + 1) ? p : INT_MAX,
+                     doc_starts(p) && id.x >= 0 ? id.x : INT_MAX, grp_starts(p) && id.y >= 0 ? id.y : INT_MAX);
+  }
+  __device__ int2 starts(int p) const {
+    return p < kv_len ? make_int2(doc_starts(p) ? p : 0, grp_starts(p) ? p : 0) : kNoStarts;
+  }
+  __device__ int2 start_ids(int p) const {
+    const int4 e = ends(p);
+    return make_int2(e.z == INT_MAX ? INT_MIN : e.z, e.w == INT_MAX ? INT_MIN : e.w);
+  }
+};
+
+using RangeScanMin = cub::BlockScan<int4, kRangeThreads>;
+using RangeScanMax = cub::BlockScan<int2, kRangeThreads>;
+using RangeReduceMin = cub::BlockReduce<int4, kRangeThreads>;
+using RangeReduceMax = cub::BlockReduce<int2, kRangeThreads>;
+union RangeTemp {
+  typename RangeScanMin::TempStorage scan_min;
+  typename RangeScanMax::TempStorage scan_max;
+  typename RangeReduceMin::TempStorage reduce_min;
+  typename RangeReduceMax::TempStorage reduce_max;
+};
+
+// Grid (chunks, batch): chunk blockIdx.x of row blockIdx.y -> summaries[blockIdx.y * gridDim.x + blockIdx.x].
+__global__ void __launch_bounds__(kRangeThreads) summarise_chunks(const int32_t* __restrict__ doc_ids,
+                                                                  const int32_t* __restrict__ group_ids, int kv_len,
+                                                                  RangeChunk* __restrict__ summaries) {
+  __shared__ ChunkIds chunk;
+  __shared__ RangeTemp temp;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kv_len;
+  chunk.stage(doc_ids + row, group_ids + row, blockIdx.x, kv_len);
+  const int p0 = chunk.chunk0 + threadIdx.x * kRangeItems;
+  int4 ends = kNoEnds;
+  int2 starts = kNoStarts, ids = kNoIds;
+  for (int i = 0; i < kRangeItems; ++i) {
+    ends = Int4Min()(ends, chunk.ends(p0 + i));
+    starts = Int2Max()(starts, chunk.starts(p0 + i));
+    ids = Int2Max()(ids, chunk.start_ids(p0 + i));
+  }
+  int2 before;  // greatest counted start ids of the threads before this one
+  RangeScanMax(temp.scan_max).ExclusiveScan(ids, before, kNoIds, Int2Max());
+  bool bad = false;
+  for (int i = 0; i < kRangeItems; ++i) {
+    const int2 id = chunk.start_ids(p0 + i);
+    bad |= (id.x != INT_MIN && id.x <= before.x) || (id.y != INT_MIN && id.y <= before.y);
+    before = Int2Max()(before, id);
+  }
+  bad = __syncthreads_or(bad);
+  const int4 ends_min = RangeReduceMin(temp.reduce_min).Reduce(ends, Int4Min());
+  __syncthreads();
+  const int2 starts_max = RangeReduceMax(temp.reduce_max).Reduce(starts, Int2Max());
+  __syncthreads();
+  const int2 ids_max = RangeReduceMax(temp.reduce_max).Reduce(ids, Int2Max());
+  if (threadIdx.x == 0) {
+    summaries[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = {ends_min, starts_max, ids_max, bad, {}};
+  }
+}
+
+// Grid (chunks, batch), as summarise_chunks. The row's chunks give this one its carries (ends of the chunks after
+// it, starts of those before) and say whether the row's counted run ids increase; then a suffix scan of the ends
+// (threads take the chunk backwards) and a prefix scan of the starts give each position its runs.
+__global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __restrict__ doc_ids,
+                                                              const int32_t* __restrict__ group_ids, int kv_len,
+                                                              int window, const RangeChunk* __restrict__ summaries,
+                                                              int4* __restrict__ token_ranges) {
+  __shared__ ChunkIds chunk;
+  __shared__ RangeTemp temp;
+  __shared__ int2 lasts[OMNI_TOKEN_RANGE_CHUNK];  // last position of each position's document / group run
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kv_len;
+  const RangeChunk* row_chunks = summaries + static_cast<int64_t>(blockIdx.y) * gridDim.x;
+  const int me = blockIdx.x;
+
+  // The other chunks, kRangeThreads at a time: the ids before chunk j must stay below its counted start ids.
+  int4 after = kNoEnds;
+  int2 before = kNoStarts, ids_before = kNoIds;
+  bool bad = false;
+  const int chunks = gridDim.x;
+  for (int j0 = 0; j0 < chunks; j0 += kRangeThreads) {
+    const int j = j0 + threadIdx.x;
+    const RangeChunk c = j < chunks ? row_chunks[j] : RangeChunk{kNoEnds, kNoStarts, kNoIds, 0, {}};
+    int2 ids_prefix, ids_total;
+    RangeScanMax(temp.scan_max).ExclusiveScan(c.ids_max, ids_prefix, kNoIds, Int2Max(), ids_total);
+    ids_prefix = Int2Max()(ids_before, ids_prefix);
+    bad |= c.bad || (c.ends_min.z != INT_MAX && c.ends_min.z <= ids_prefix.x) ||
+           (c.ends_min.w != INT_MAX && c.ends_min.w <= ids_prefix.y);
+    ids_before = Int2Max()(ids_before, ids_total);
+    __syncthreads();
+    after = Int4Min()(after, RangeReduceMin(temp.reduce_min).Reduce(j > me ? c.ends_min : kNoEnds, Int4Min()));
+    __syncthreads();
+    const int2 starts_before = j < me ? c.starts_max : kNoStarts;
+    before = Int2Max()(before, RangeReduceMax(temp.reduce_max).Reduce(starts_before, Int2Max()));
+    __syncthreads();
+  }
+  bad = __syncthreads_or(bad);
+  // Reduce's result is thread 0's only.
+  __shared__ int4 shared_after;
+  __shared__ int2 shared_before;
+  if (threadIdx.x == 0) {
+    shared_after = after;
+    shared_before = before;
+  }
+  chunk.stage(doc_ids + row, group_ids + row, me, kv_len);  // its __syncthreads publishes the carries too
+  after = shared_after;
+  before = shared_before;
+
+  // Suffix scan of the ends: thread t takes the chunk's positions backwards from its end, kRangeItems at a time.
+  const int back0 = chunk.chunk0 + OMNI_TOKEN_RANGE_CHUNK - 1 - threadIdx.x * kRangeItems;
+  int4 ends = kNoEnds;
+  for (int i = 0; i < kRangeItems; ++i) ends = Int4Min()(ends, chunk.ends(back0 - i));
+  int4 running;
+  RangeScanMin(temp.scan_min).ExclusiveScan(ends, running, kNoEnds, Int4Min());
+  running = Int4Min()(after, running);
+  for (int i = 0; i < kRangeItems; ++i) {
+    running = Int4Min()(running, chunk.ends(back0 - i));
+    lasts[back0 - i - chunk.chunk0] = make_int2(running.x, running.y);
+  }
+  __syncthreads();
+
+  // Prefix scan of the starts, and the ranges.
+  const int p0 = chunk.chunk0 + threadIdx.x * kRangeItems;
+  int2 starts = kNoStarts;
+  for (int i = 0; i < kRangeItems; ++i) starts = Int2Max()(starts, chunk.starts(p0 + i));
+  int2 first;
+  RangeScanMax(temp.scan_max).ExclusiveScan(starts, first, kNoStarts, Int2Max());
+  first = Int2Max()(before, first);
+  const int reach = window > 0 ? min(window - 1, kv_len) : kv_len;
+  int4* out = token_ranges + row;
+  for (int i = 0; i < kRangeItems; ++i) {
+    const int p = p0 + i;
+    first = Int2Max()(first, chunk.starts(p));
+    if (p >= kv_len) break;
+    const int2 id = chunk.at(p), last = lasts[p - chunk.chunk0];
+    const int grp_first = id.y >= 0 ? first.y : p, grp_last = id.y >= 0 ? last.y : p;
+    const int causal_first = max(first.x, p - reach), causal_last = min(last.x, p + reach);
+    int4 range = make_int4(min(causal_first, grp_first), max(p, grp_last), min(p, grp_first),
+                           max(causal_last, grp_last));
+    if (id.x < 0) range = make_int4(0, -1, 0, -1);  // padding: empty ranges
+    out[p] = bad ? make_int4(INT_MIN, INT_MIN, INT_MIN, INT_MIN) : range;
+  }
+}
+
 int check_token_mask_params(const OmniTokenMaskParams& p) {
   if (p.block_q != 64 && p.block_q != 128) return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d; expected 64 or 128", p.block_q);
   if (p.block_kv != 64 && p.block_kv != 128)
@@ -186,5 +391,14 @@ extern "C" int omni_build_token_mask(const OmniTokenMaskParams* params) {
   summarise_blocks<<<ctas, kWarpsPerCta * kWarp, 0, stream>>>(p.doc_ids, p.group_ids, g, p.batch, p.workspace);
   if (int s = check_cuda(cudaGetLastError(), "summarise_blocks launch")) return s;
   write_lists<<<ctas, kWarpsPerCta * kWarp, 0, stream>>>(p.workspace, g, p.batch, p.window, p.kv, p.q);
-  return check_cuda(cudaGetLastError(), "write_lists launch");
+  if (int s = check_cuda(cudaGetLastError(), "write_lists launch")) return s;
+  if (p.token_ranges == nullptr) return OMNI_OK;
+  const dim3 chunks((p.kv_len + OMNI_TOKEN_RANGE_CHUNK - 1) / OMNI_TOKEN_RANGE_CHUNK, p.batch);
+  const int64_t block_ints = (int64_t(OMNI_TOKEN_SUMMARY_INTS) * warps + 3) / 4 * 4;  // 16-byte aligned after
+  auto* summaries = reinterpret_cast<RangeChunk*>(p.workspace + block_ints);
+  summarise_chunks<<<chunks, kRangeThreads, 0, stream>>>(p.doc_ids, p.group_ids, p.kv_len, summaries);
+  if (int s = check_cuda(cudaGetLastError(), "summarise_chunks launch")) return s;
+  write_ranges<<<chunks, kRangeThreads, 0, stream>>>(p.doc_ids, p.group_ids, p.kv_len, p.window, summaries,
+                                                     reinterpret_cast<int4*>(p.token_ranges));
+  return check_cuda(cudaGetLastError(), "write_ranges launch");
 }

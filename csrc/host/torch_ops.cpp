@@ -6,14 +6,15 @@
 //   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap)
 //       -> (dq, dk, dv)
-//   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views
+//   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
+//       the token ranges
 //
-// <row view> / <column view> = num_blocks, indices, types, partial, pool, doc_ids, group_ids: each optional (absent
-// for the implicit mask kinds, which need no lists). Python (omni_hf/_cuda.py) checks the user's inputs and names
-// them in its errors; the checks here guard the ABI and raise RuntimeError. Any q / k / v / dout layout is taken
-// (what the kernels' 16-byte loads cannot read is copied first), and outputs follow their input's layout
-// (output_strides): a transposed [B, S, H, D] q gives out and dq in that layout, so Transformers' transpose back
-// is free.
+// <row view> / <column view> = num_blocks, indices, types, partial, pool, doc_ids, group_ids, token_ranges: each
+// optional (absent for the implicit mask kinds, which need no lists). Python (omni_hf/_cuda.py) checks the user's
+// inputs and names them in its errors; the checks here guard the ABI and raise RuntimeError. Any q / k / v / dout
+// layout is taken (what the kernels' 16-byte loads cannot read is copied first), and outputs follow their input's
+// layout (output_strides): a transposed [B, S, H, D] q gives out and dq in that layout, so Transformers' transpose
+// back is free.
 #include <cuda_runtime.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
@@ -138,8 +139,8 @@ OmniBlockList block_list(const OptTensor& num, const OptTensor& indices, const O
 
 // The mask of one call from the view's tensors and sizes (see the file comment).
 OmniMask make_mask(const OptTensor& num, const OptTensor& indices, const OptTensor& types, const OptTensor& partial,
-                   const OptTensor& pool, const OptTensor& doc, const OptTensor& grp, int64_t kind, int64_t block_q,
-                   int64_t block_kv, int64_t window, bool row_view) {
+                   const OptTensor& pool, const OptTensor& doc, const OptTensor& grp, const OptTensor& ranges,
+                   int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, bool row_view) {
   OmniMask m{};
   m.kind = static_cast<int32_t>(kind);
   (row_view ? m.kv : m.q) = block_list(num, indices, types, partial);
@@ -149,6 +150,12 @@ OmniMask make_mask(const OptTensor& num, const OptTensor& indices, const OptTens
   m.group_ids = static_cast<const int32_t*>(pointer(grp, ScalarType::Int, "group_ids"));
   const OptTensor& ids = doc.has_value() ? doc : grp;
   m.ids_stride_b = ids.has_value() && ids->size(0) > 1 ? ids->stride(0) : 0;
+  m.token_ranges = static_cast<const int32_t*>(pointer(ranges, ScalarType::Int, "token_ranges"));
+  if (ranges.has_value()) {
+    STD_TORCH_CHECK(doc.has_value() && ranges->dim() == 3 && ranges->size(0) == doc->size(0) &&
+                        ranges->size(1) == doc->size(1) && ranges->size(2) == 4,
+                    "token_ranges: expected [B, kv_len, 4] beside doc_ids [B, kv_len]");
+  }
   m.window = static_cast<int32_t>(window);
   m.block_q = static_cast<int32_t>(block_q);
   m.block_kv = static_cast<int32_t>(block_kv);
@@ -178,14 +185,16 @@ OmniFwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
 }
 
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptTensor indices, OptTensor types,
-                               OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, int64_t kind,
-                               int64_t block_q, int64_t block_kv, int64_t window, double scale, double softcap) {
+                               OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges,
+                               int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, double scale,
+                               double softcap) {
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
   Tensor out = output_like(q);
   const Tensor q_in = readable(q), k_in = readable(k), v_in = readable(v);  // alive until the launch
-  OmniFwdParams p = fwd_params(q_in, k_in, v_in, make_mask(num, indices, types, partial, pool, doc, grp, kind,
-                                                          block_q, block_kv, window, true), scale, softcap, stream);
+  const OmniMask mask = make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
+                                  true);
+  OmniFwdParams p = fwd_params(q_in, k_in, v_in, mask, scale, softcap, stream);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, aoti_torch_dtype_float32(), q);
   poison(out, stream);
   poison(lse, stream);
@@ -205,8 +214,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
                                        OptTensor num, OptTensor indices, OptTensor types, OptTensor partial,
-                                       OptTensor pool, OptTensor doc, OptTensor grp, int64_t kind, int64_t block_q,
-                                       int64_t block_kv, int64_t window, double scale, double softcap) {
+                                       OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind,
+                                       int64_t block_q, int64_t block_kv, int64_t window, double scale,
+                                       double softcap) {
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
   Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
@@ -214,8 +224,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   const Tensor q_in = readable(q), k_in = readable(k), v_in = readable(v), out_in = readable(out),
                dout_in = readable(dout);  // alive until the launches
   OmniBwdParams p{};
-  p.fwd = fwd_params(q_in, k_in, v_in, make_mask(num, indices, types, partial, pool, doc, grp, kind, block_q,
-                                                block_kv, window, false), scale, softcap, stream);
+  p.fwd = fwd_params(q_in, k_in, v_in, make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind,
+                                                block_q, block_kv, window, false), scale, softcap, stream);
   p.fwd.out = view4(out_in, "out");
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
@@ -247,7 +257,7 @@ OmniBlockListOut list_view(const Lists& lists) {
           static_cast<int8_t*>(std::get<2>(lists).data_ptr()), static_cast<int32_t*>(std::get<3>(lists).data_ptr())};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> token_mask(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> token_mask(
     Tensor doc, Tensor grp, int64_t q_len, int64_t block_q, int64_t block_kv, int64_t window) {
   torch::stable::accelerator::DeviceGuard guard(doc.get_device_index());
   STD_TORCH_CHECK(doc.dim() == 2 && grp.dim() == 2 && doc.size(0) == grp.size(0) && doc.size(1) == grp.size(1),
@@ -258,7 +268,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> token
   const int64_t batch = doc.size(0), kv_len = doc.size(1);
   const int64_t num_q = (q_len + block_q - 1) / block_q, num_kv = (kv_len + block_kv - 1) / block_kv;
   const Lists row = list_outputs(batch, num_q, num_kv, doc), col = list_outputs(batch, num_kv, num_q, doc);
-  Tensor workspace = empty({OMNI_TOKEN_SUMMARY_INTS * batch * (num_q + num_kv)}, aoti_torch_dtype_int32(), doc);
+  const int64_t block_ints = (OMNI_TOKEN_SUMMARY_INTS * batch * (num_q + num_kv) + 3) / 4 * 4;
+  const int64_t chunks = (kv_len + OMNI_TOKEN_RANGE_CHUNK - 1) / OMNI_TOKEN_RANGE_CHUNK;
+  Tensor workspace =
+      empty({block_ints + OMNI_TOKEN_RANGE_SUMMARY_INTS * batch * chunks}, aoti_torch_dtype_int32(), doc);
+  Tensor ranges = empty({batch, kv_len, 4}, aoti_torch_dtype_int32(), doc);
   p.batch = static_cast<int32_t>(batch);
   p.q_len = static_cast<int32_t>(q_len);
   p.kv_len = static_cast<int32_t>(kv_len);
@@ -268,9 +282,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> token
   p.kv = list_view(row);
   p.q = list_view(col);
   p.workspace = static_cast<int32_t*>(workspace.data_ptr());
+  p.token_ranges = static_cast<int32_t*>(ranges.data_ptr());
   p.stream = current_stream(doc);
   check_status(omni_build_token_mask(&p), "omni_build_token_mask");
-  return std::tuple_cat(row, col);
+  return std::tuple_cat(row, col, std::make_tuple(ranges));
 }
 
 }  // namespace
@@ -279,13 +294,13 @@ extern "C" void omni_set_poison_outputs(int on) { g_poison_outputs = on != 0; }
 
 STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
-        "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, int kind, int block_q, int block_kv, int window, "
-        "float scale, float softcap) -> (Tensor, Tensor)");
+        "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
+        "int window, float scale, float softcap) -> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
-        "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, int kind, int block_q, "
-        "int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");
+        "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
+        "int kind, int block_q, int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");
   m.def("token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(omni_hf, CUDA, m) {

@@ -1,9 +1,10 @@
 // The sm_90a backward main kernel. One CTA per (128-key block, KV head, batch) walks the active 64-row query
 // tiles of its column, for every query head of its GQA group (bwd_walk.cuh, the sm_80 kernel's walk), so dK
 // and dV come out summed over the group:
-//   warpgroup 0 (producer, one warp): K, V and the keys' token ids once; per tile, TMA loads of Q and dO and
-//     bulk copies of lse2 and D into a kStages-deep ring completing on mbarriers, the rows' token ids by
-//     cp.async, and the tile's descriptor beside them.
+//   warpgroup 0 (producer, one warp): K, V and the keys' token ids once (or, where the token rule's rows are
+//     ranges, tile_aux.cuh, the keys' ranges of queries); per tile, TMA loads of Q and dO and bulk copies of lse2
+//     and D into a kStages-deep ring completing on mbarriers, the rows' token ids by cp.async (none with ranges),
+//     and the tile's descriptor beside them.
 //   warpgroups 1, 2 (consumers, 64 keys each), per tile, in the transposed orientation so that P^T and dS^T
 //     are wgmma A operands straight from registers:
 //       S^T = K Q^T, dP^T = V dO^T            (issued together)
@@ -105,7 +106,11 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     copy(params.tma_k.with(s.kv_full), tKg, tKs);
     copy(params.tma_v.with(s.kv_full), tVg, tVs);
   }
-  stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, n_block * kBlockN, f.kv_len, lane);
+  if (token_ranges_apply(m, b)) {
+    stage_token_ranges<kBlockN, 32, true>(s.k_ids, m, b, n_block * kBlockN, f.kv_len, lane);
+  } else {
+    stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, n_block * kBlockN, f.kv_len, lane);
+  }
   arrive_after_staging(&s.kv_full);
 
   const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, n_block, f.q_len, f.kv_len);
@@ -113,7 +118,8 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   for (int t = 0;; ++t) {
     const int stage = t % Traits::kStages;
     Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);  // a fresh barrier counts as freed once
-    const QTile tile = walk.next(cursor);
+    QTile tile = walk.next(cursor);
+    if (tile.kind == kTileToken && token_ranges_apply(m, b)) tile.kind = kTileTokenRanges;
     if (lane == 0) {
       s.tile[stage] = tile;
       if (tile.valid) {
@@ -153,7 +159,8 @@ __forceinline__ __device__ auto transposed_identity() {
 }
 
 // Masks the S^T fragment by tile kind (FULL tiles never get here). c: each element's (key, query row) in the
-// tile, as the fragment is laid out; c_t: the same pairs as (query row, key), the order of tile_mask.cuh.
+// tile, as the fragment is laid out; c_t: the same pairs as (query row, key), the order of tile_mask.cuh. k_ids:
+// the keys' ranges of queries for kTileTokenRanges (the producer staged them), else their ids.
 template <class Traits, class TS, class TC, class TCt>
 __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt& c_t, const QTile& tile,
                                               const OmniMask& m, int kv_len, int qpos0, int col0, const int* q_ids,
@@ -164,6 +171,11 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
     case kTileToken: {
       auto s_rc = rowcol(acc_s);
       mask_token_rule<Traits::kBlockN, Traits::kBlockM, true>(s_rc, rowcol(c), k_ids, q_ids, col0, qpos0, m.window);
+      break;
+    }
+    case kTileTokenRanges: {
+      auto s_rc = rowcol(acc_s);
+      mask_token_ranges(s_rc, rowcol(c), k_ids, qpos0);
       break;
     }
     case kTilePool: {  // read in place (L1): pool tiles are rare next to the token rule's

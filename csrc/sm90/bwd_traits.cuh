@@ -79,7 +79,7 @@ struct BwdTraits {
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) int q_ids[kStages][2 * kBlockM];  // [doc, grp] of the tile's rows (token rule)
-    alignas(16) int k_ids[2 * kBlockN];           // [doc, grp] of the CTA's keys
+    alignas(16) int k_ids[2 * kBlockN];           // [doc, grp] or [first, last] pairs of the CTA's keys
     bwd::QTile tile[kStages];                     // what the producer's walk gave for each stage
     alignas(8) uint64_t kv_full;                  // K, V and k_ids landed
     uint64_t full[kStages];                       // Q, dO, lse2, dsum, q_ids and the tile landed

@@ -4,7 +4,8 @@
 // left, the next item's Q and first tiles loading while the current one finishes; 64-row CTAs take one item each.
 //   warpgroup 0 (producer, one warp): TMA loads of Q per item and of K, V per tile into a kStages-deep ring of
 //     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
-//     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it.
+//     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it. Where the token rule's
+//     rows are ranges (tile_aux.cuh), the query rows' ranges come with Q and token tiles need no column data.
 //   warpgroups 1 (, 2) (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
 //     tiles run no mask code), online softmax in registers, O += P V by wgmma with P from registers.
 // setmaxnreg moves registers from the producer to the consumers. Within a consumer warpgroup the softmax of
@@ -85,11 +86,12 @@ __forceinline__ __device__ int64_t launch_rank(int fold) {
   return fold > 0 && c >= fold ? total - 1 - (c - fold) : c;
 }
 
-// Producer warp, one work item: Q and its ids once, then the item's K, V tiles in order, a stage at a time as
-// consumers free them; the ring continues across items (g0: how many tiles went through it before).
+// Producer warp, one work item: Q and its rows' token ids or ranges once, then the item's K, V tiles in order, a
+// stage at a time as consumers free them; the ring continues across items (g0: how many tiles went through it).
 template <class Traits, class Params, class Storage>
 __forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, const QTile& qt,
-                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles, int g0) {
+                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles, bool ranged,
+                                        int g0) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -116,7 +118,11 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     Barrier::arrive_and_expect_tx(&s.q_full, Traits::kQBytes);
     copy(params.tma_q.with(s.q_full), tQg, tQs);
   }
-  stage_token_ids<kBlockM, 32>(s.q_ids, doc, grp, qt.qpos0, p.kv_len, lane);
+  if (ranged) {
+    stage_token_ranges<kBlockM, 32, false>(s.q_ids, m, b, qt.qpos0, p.kv_len, lane);
+  } else {
+    stage_token_ids<kBlockM, 32>(s.q_ids, doc, grp, qt.qpos0, p.kv_len, lane);
+  }
   arrive_after_staging(&s.q_full);
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -124,8 +130,9 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     const int stage = g % Traits::kStages;
     const int free_phase = ((g / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
     Barrier::wait(&s.k_empty[stage], free_phase);
-    const KvTile tile =
+    KvTile tile =
         KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qt.block_qpos0, p.kv_len), t, m.block_kv, p.kv_len);
+    if (ranged && tile.kind == kTileToken) tile.kind = kTileTokenRanges;
     const int n = tile.col0 / kBlockN;
     if (lane == 0) {
       s.tile[stage] = tile;
@@ -147,7 +154,8 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   }
 }
 
-// Masks the score fragment by tile kind from the staged mask data; FULL tiles never get here.
+// Masks the score fragment by tile kind from the staged mask data; FULL tiles never get here. q_ids: the query
+// rows' token ranges for kTileTokenRanges (the producer staged them), else their ids.
 template <class Traits, class TS, class TC>
 __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile& tile, const OmniFwdParams& p,
                                             int qpos0, const int* q_ids, const int* aux) {
@@ -158,6 +166,11 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
       auto s_rc = rowcol(acc_s);
       mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0,
                                                          p.mask.window);
+      break;
+    }
+    case kTileTokenRanges: {
+      auto s_rc = rowcol(acc_s);
+      mask_token_ranges(s_rc, rowcol(c), q_ids, tile.col0);
       break;
     }
     default: {
@@ -323,6 +336,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
       int64_t rank = Traits::kPersistent ? blockIdx.x : launch_rank(params.fold);
       int g = 0;
       for (int j = 0;; ++j) {
+        // How the item's token tiles are masked depends on its batch row: read before waiting for Q's buffer.
+        const bool ranged =
+            rank < total && token_ranges_apply(p.mask, work_of_rank(rank, p.heads_q, tiles, p.batch).batch);
         Barrier::wait(&s.q_empty, (j & 1) ^ 1);
         int64_t next = total;  // asked for before the item's loads, so the answer is back when they are issued
         if constexpr (Traits::kPersistent) {
@@ -343,7 +359,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
                                                    qt.block_qpos0, p.kv_len);
         const int n_tiles = walker.num_tiles(p.mask.block_kv);
         if (lane == 0) s.item = FwdItem{rank, n_tiles};
-        produce<Traits>(params, s, work.batch, work.head, work.head / (p.heads_q / p.heads_kv), qt, walker, n_tiles, g);
+        produce<Traits>(params, s, work.batch, work.head, work.head / (p.heads_q / p.heads_kv), qt, walker, n_tiles,
+                        ranged, g);
         g += n_tiles;
         rank = next;
       }

@@ -69,7 +69,7 @@ struct FwdTraits {
     alignas(1024) Element o[kPersistent ? cosize_v<SmemLayoutQ> : 8];
     alignas(1024) Element k[cosize_v<SmemLayoutK>];
     alignas(1024) Element v[cosize_v<SmemLayoutV>];
-    alignas(16) int q_ids[2 * kBlockM];           // [doc, grp] of the query rows (token rule)
+    alignas(16) int q_ids[2 * kBlockM];           // [doc, grp] or [first, last] pairs of the query rows (token rule)
     alignas(16) int aux[kStages][kAuxInts];
     KvTile tile[kStages];                          // what the producer decoded for each stage
     FwdItem item;                                  // the work item of the Q in smem

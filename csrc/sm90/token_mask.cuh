@@ -68,4 +68,28 @@ __forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const 
   }
 }
 
+// The token rule where its rows are ranges (token_ranges_apply): row r allows the columns at positions
+// [first, last] of its staged pair row_ranges[2 * r .. 2 * r + 1] (tile_aux.cuh), whichever side the rows are.
+// Two compares of a compile-time column offset per element, no column data.
+template <class TS, class TC>
+__forceinline__ __device__ void mask_token_ranges(TS& s_rc, const TC& c_rc, const int* row_ranges, int col_pos0) {
+  constexpr int kThreadRows = decltype(size<0>(s_rc))::value;
+  const int jj0 = get<1>(c_rc(0, 0));  // this thread's first column; the others are constant offsets from it
+  int first[kThreadRows], last[kThreadRows];  // relative to that column
+  CUTE_UNROLL
+  for (int r = 0; r < kThreadRows; ++r) {
+    const int2 range = *reinterpret_cast<const int2*>(row_ranges + 2 * get<0>(c_rc(r, 0)));
+    first[r] = range.x - col_pos0 - jj0;
+    last[r] = range.y - col_pos0 - jj0;
+  }
+  CUTE_UNROLL
+  for (int c = 0; c < size<1>(s_rc); ++c) {
+    const int off = get<1>(c_rc(0, c)) - jj0;
+    CUTE_UNROLL
+    for (int r = 0; r < kThreadRows; ++r) {
+      s_rc(r, c) = (off >= first[r]) & (off <= last[r]) ? s_rc(r, c) : -INFINITY;
+    }
+  }
+}
+
 }  // namespace omni::sm90
