@@ -9,7 +9,7 @@ serves every torch from 2.10 on. This module loads it, registers the ops' fake i
 - `unsupported_reason(q, mask)`: None when the kernels can run such a call, else a short reason;
 - `forward(q, k, v, mask, scale, softcap) -> (out, lse)`;
 - `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`;
-- `token_mask(...)`: `OmniBlockMask.from_token_ids`'s lists and token ranges in three launches.
+- `token_mask(...)`: `OmniBlockMask.from_token_ids`'s lists and token ranges in four launches.
 
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
 hands over), out and dq are too, so transposing them back costs no copy (`output_strides`).

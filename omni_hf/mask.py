@@ -194,7 +194,7 @@ class OmniBlockMask:
         Block summaries (min / max of doc and group per block) classify each block pair; fixed output
         shapes and no host sync. The mask also carries `token_ranges`, each position's allowed keys as one range
         where the ids allow it (ids increasing along the row, one run each: as the collator numbers them), which
-        the CUDA kernels test instead of comparing ids. On a GPU with the CUDA library loaded this is three kernel
+        the CUDA kernels test instead of comparing ids. On a GPU with the CUDA library loaded this is four kernel
         launches (``omni_build_token_mask``); elsewhere, under ``torch.compile`` tracing, or with
         ``OMNI_HF_BACKEND=reference``, vectorised PyTorch ops give the same tensors.
         """

@@ -3,10 +3,13 @@ against the first call (relative error and relative difference of the sums of |x
 
     PYTHONPATH=. python benchmarks/results/issue16/session11/dq_determinism.py
 """
-import sys, torch
+import sys
+
+import torch
+
 sys.path.insert(0, '.')
-from benchmarks import layouts, measure
-from omni_hf import _cuda
+from benchmarks import layouts, measure  # noqa: E402
+from omni_hf import _cuda  # noqa: E402
 for name, S in (("vlm", 8192), ("causal", 8192)):
     layout = layouts.build(name, S); mask = layout.omni_mask(128, "cuda")
     gen = torch.Generator("cuda").manual_seed(S)
