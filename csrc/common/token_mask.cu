@@ -224,11 +224,12 @@ struct ChunkIds {
   __device__ int2 starts(int p) const {
     return p < kv_len ? make_int2(doc_starts(p) ? p : 0, grp_starts(p) ? p : 0) : kNoStarts;
   }
-  __device__ int2 start_ids(int p) const {
-    const int4 e = ends(p);
-    return make_int2(e.z == INT_MAX ? INT_MIN : e.z, e.w == INT_MAX ? INT_MIN : e.w);
-  }
 };
+
+// The counted start ids of a position's ends(), kNoIds where none: the form a max-scan takes.
+__device__ int2 counted_ids(int4 ends) {
+  return make_int2(ends.z == INT_MAX ? INT_MIN : ends.z, ends.w == INT_MAX ? INT_MIN : ends.w);
+}
 
 using RangeScanMin = cub::BlockScan<int4, kRangeThreads>;
 using RangeScanMax = cub::BlockScan<int2, kRangeThreads>;
@@ -251,17 +252,19 @@ __global__ void __launch_bounds__(kRangeThreads) summarise_chunks(const int32_t*
   chunk.stage(doc_ids + row, group_ids + row, blockIdx.x, kv_len);
   const int p0 = chunk.chunk0 + threadIdx.x * kRangeItems;
   int4 ends = kNoEnds;
-  int2 starts = kNoStarts, ids = kNoIds;
+  int2 starts = kNoStarts, ids = kNoIds, own_ids[kRangeItems];
   for (int i = 0; i < kRangeItems; ++i) {
-    ends = Int4Min()(ends, chunk.ends(p0 + i));
+    const int4 own = chunk.ends(p0 + i);
+    own_ids[i] = counted_ids(own);
+    ends = Int4Min()(ends, own);
     starts = Int2Max()(starts, chunk.starts(p0 + i));
-    ids = Int2Max()(ids, chunk.start_ids(p0 + i));
+    ids = Int2Max()(ids, own_ids[i]);
   }
   int2 before;  // greatest counted start ids of the threads before this one
   RangeScanMax(temp.scan_max).ExclusiveScan(ids, before, kNoIds, Int2Max());
   bool bad = false;
   for (int i = 0; i < kRangeItems; ++i) {
-    const int2 id = chunk.start_ids(p0 + i);
+    const int2 id = own_ids[i];
     bad |= (id.x != INT_MIN && id.x <= before.x) || (id.y != INT_MIN && id.y <= before.y);
     before = Int2Max()(before, id);
   }
@@ -325,21 +328,27 @@ __global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __r
 
   // Suffix scan of the ends: thread t takes the chunk's positions backwards from its end, kRangeItems at a time.
   const int back0 = chunk.chunk0 + OMNI_TOKEN_RANGE_CHUNK - 1 - threadIdx.x * kRangeItems;
-  int4 ends = kNoEnds;
-  for (int i = 0; i < kRangeItems; ++i) ends = Int4Min()(ends, chunk.ends(back0 - i));
+  int4 ends = kNoEnds, own_ends[kRangeItems];
+  for (int i = 0; i < kRangeItems; ++i) {
+    own_ends[i] = chunk.ends(back0 - i);
+    ends = Int4Min()(ends, own_ends[i]);
+  }
   int4 running;
   RangeScanMin(temp.scan_min).ExclusiveScan(ends, running, kNoEnds, Int4Min());
   running = Int4Min()(after, running);
   for (int i = 0; i < kRangeItems; ++i) {
-    running = Int4Min()(running, chunk.ends(back0 - i));
+    running = Int4Min()(running, own_ends[i]);
     lasts[back0 - i - chunk.chunk0] = make_int2(running.x, running.y);
   }
   __syncthreads();
 
   // Prefix scan of the starts, and the ranges.
   const int p0 = chunk.chunk0 + threadIdx.x * kRangeItems;
-  int2 starts = kNoStarts;
-  for (int i = 0; i < kRangeItems; ++i) starts = Int2Max()(starts, chunk.starts(p0 + i));
+  int2 starts = kNoStarts, own_starts[kRangeItems];
+  for (int i = 0; i < kRangeItems; ++i) {
+    own_starts[i] = chunk.starts(p0 + i);
+    starts = Int2Max()(starts, own_starts[i]);
+  }
   int2 first;
   RangeScanMax(temp.scan_max).ExclusiveScan(starts, first, kNoStarts, Int2Max());
   first = Int2Max()(before, first);
@@ -347,7 +356,7 @@ __global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __r
   int4* out = token_ranges + row;
   for (int i = 0; i < kRangeItems; ++i) {
     const int p = p0 + i;
-    first = Int2Max()(first, chunk.starts(p));
+    first = Int2Max()(first, own_starts[i]);
     if (p >= kv_len) break;
     const int2 id = chunk.at(p), last = lasts[p - chunk.chunk0];
     const int grp_first = id.y >= 0 ? first.y : p, grp_last = id.y >= 0 ? last.y : p;
