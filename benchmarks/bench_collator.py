@@ -1,6 +1,6 @@
 """Time `OmniCollator` on one batch of ~32k tokens with 40 images of 576 tokens, block mask included.
 
-    python3 benchmarks/bench_collator.py [--repeats 200]
+    python -m benchmarks.bench_collator [--repeats 200]
 
 One CPU core (``torch.set_num_threads(1)``). Prints the median time per batch and its breakdown: the
 ids (everything but the block mask: reading, layout, ids, labels, positions) and

@@ -1,7 +1,7 @@
 """Greedy decoding in Transformers: omni against sdpa on its FlashAttention-2 backend, and omni's static-cache +
 torch.compile path (CUDA graphs) against eager omni.
 
-    python benchmarks/bench_decode.py [--batches 1,8] [--prompt 1024] [--new-tokens 64] [--emulate-precision-casts]
+    python -m benchmarks.bench_decode [--batches 1,8] [--prompt 1024] [--new-tokens 64] [--emulate-precision-casts]
                                       [--out DIR]
 
 A ~1B Llama from a config (random weights, bf16: hidden 2048, 16 layers, 32 query / 8 KV heads of 64, MLP 8192,
@@ -37,9 +37,7 @@ import torch._inductor.config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-import omni_hf  # noqa: E402,F401  (registers "omni")
+import omni_hf  # noqa: F401  (registers "omni")
 
 CONFIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
               num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096)
@@ -152,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": CONFIG,
             "prompt": args.prompt, "new_tokens": args.new_tokens,
             "emulate_precision_casts": args.emulate_precision_casts,
-            "command": "python benchmarks/bench_decode.py " + " ".join(argv or sys.argv[1:])}
+            "command": "python -m benchmarks.bench_decode " + " ".join(argv or sys.argv[1:])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

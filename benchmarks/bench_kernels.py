@@ -1,6 +1,6 @@
 """omni alone on the realistic shape, for kernel work: forward, forward+backward and the backward by difference.
 
-    python benchmarks/bench_kernels.py [--masks vlm,causal] [--seqlens 8192,16384]
+    python -m benchmarks.bench_kernels [--masks vlm,causal] [--seqlens 8192,16384]
 
 The suite's realistic shape (B=1, Hq=32, Hkv=8, D=128, bf16, blocks of 128); TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
 2.5 times that backward), do_bench medians. No peers and no reference check: `python -m benchmarks.run` does
@@ -12,16 +12,12 @@ fraction of it.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from benchmarks import layouts, measure  # noqa: E402
-from benchmarks.run import SHAPES  # noqa: E402
-from omni_hf import omni_attention  # noqa: E402
+from benchmarks import layouts, measure
+from benchmarks.run import SHAPES
+from omni_hf import omni_attention
 
 SHAPE = SHAPES["realistic"]
 

@@ -1,6 +1,6 @@
 """Host cost of a call: what omni spends on the CPU per forward and per forward+backward, and per mask build.
 
-    python benchmarks/bench_launch.py [--calls 2000] [--out DIR]
+    python -m benchmarks.bench_launch [--calls 2000] [--out DIR]
 
 For each case (a prebuilt mask; inputs on the GPU):
 - ``host us``: CPU time per call: bursts of 50 back-to-back calls with no sync, each started on an idle GPU (the
@@ -28,10 +28,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from benchmarks import layouts, measure  # noqa: E402
-from omni_hf import OmniBlockMask, _cuda, omni_attention  # noqa: E402
+from benchmarks import layouts, measure
+from omni_hf import OmniBlockMask, _cuda, omni_attention
 
 
 def host_us(fn, calls: int, burst: int = 50) -> float:
@@ -188,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
              build_case("OmniBlockMask.full(1024)", lambda: OmniBlockMask.full(1024), calls),
              build_case("from_token_ids vlm 2048 (cuda)", lambda: OmniBlockMask.from_token_ids(doc, grp), calls)]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": calls,
-            "command": "python benchmarks/bench_launch.py " + " ".join(argv or sys.argv[1:])}
+            "command": "python -m benchmarks.bench_launch " + " ".join(argv or sys.argv[1:])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "launch.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -1,4 +1,4 @@
-"""Time `OmniBlockMask.from_token_ids` on a packed VLM layout (issue 2's target: <= 2 ms CPU, <= 0.2 ms GPU).
+"""Time `OmniBlockMask.from_token_ids` on a packed VLM layout (target: <= 2 ms on one CPU thread, <= 0.2 ms on a GPU).
 
     python -m benchmarks.bench_mask [--seq-len 32768] [--device cpu|cuda] [--threads 1]
 """

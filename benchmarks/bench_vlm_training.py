@@ -1,4 +1,4 @@
-"""A VLM training step at real size on packed rows of text and images: omni vs flex_attention vs sdpa (issue 17).
+"""A VLM training step at real size on packed rows of text and images: omni vs flex_attention vs sdpa.
 
     python -m benchmarks.bench_vlm_training                          # speed at 8k and 16k, then the 50-step curves
     python -m benchmarks.bench_vlm_training --find-max-length --steps 0 --curve-steps 0   # longest row per backend
@@ -73,10 +73,8 @@ import torch.utils.checkpoint
 import transformers
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from omni_hf import OmniCollator  # noqa: E402  (importing omni_hf registers "omni")
-from training.masks import token_rule  # noqa: E402
+from omni_hf import OmniCollator  # importing omni_hf registers "omni"
+from training.masks import token_rule
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("omni", "flex_attention", "sdpa")

@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_check}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # omni_hf for the scripts under tests/
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize launch)
 
@@ -42,8 +42,8 @@ for step in "${steps[@]}"; do
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/test_cuda_backward.py || exit 1
                done' ;;
-    launch) run launch python3 benchmarks/bench_launch.py --out "$OUT" ;;
-    decode) run decode python3 benchmarks/bench_decode.py --out "$OUT" ;;
+    launch) run launch python3 -m benchmarks.bench_launch --out "$OUT" ;;
+    decode) run decode python3 -m benchmarks.bench_decode --out "$OUT" ;;
     suite) run suite python3 -m benchmarks.run --shapes small --rounds 5 --out "$OUT" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

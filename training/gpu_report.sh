@@ -12,7 +12,7 @@
 set -uo pipefail
 mode=${1:?speed or two-gpus}
 work=${2:?work directory}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20
+export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20  # the runs are python -m from the repository root
 train() {  # train SECONDS_LIMIT NAME FLAGS...
     timeout "$1" python -m training.train_vlm --preset small --output-dir "$work/$2" "${@:3}" ${EXTRA:-}
 }
