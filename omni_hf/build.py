@@ -29,6 +29,9 @@ from pathlib import Path
 
 LIB_NAME = "libomni_hf_cuda.so"
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
+# Sources include each other by their path under csrc/ ("host/status.cuh") and the C ABI by its name
+# ("omni_attention.h", in csrc/include/, as a program using the ABI would).
+INCLUDE_DIRS = (CSRC, CSRC / "include")
 DEFAULT_ARCHS = ("80", "90a")
 TORCH_TARGET = (2, 10)  # oldest torch whose stable ABI the ops use
 NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC")
@@ -131,7 +134,8 @@ def compile_objects(
     srcs = sources(only)
     if not srcs:
         raise BuildError(f"no sources under {CSRC} match {only!r}")
-    flags = [*NVCC_FLAGS, *gencode_flags(archs), f"-I{CSRC}", f"-I{find_cutlass_include()}", *extra_flags]
+    flags = [*NVCC_FLAGS, *gencode_flags(archs), *(f"-I{d}" for d in INCLUDE_DIRS), f"-I{find_cutlass_include()}",
+             *extra_flags]
     host_flags = torch_flags() if any(s.suffix == ".cpp" for s in srcs) else []
     obj_dir = Path(obj_dir)
     obj_dir.mkdir(parents=True, exist_ok=True)

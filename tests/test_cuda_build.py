@@ -26,7 +26,7 @@ def needs(*tools: str) -> None:
 
 
 def test_python_expects_the_abi_version_of_the_header():
-    header = (build.CSRC / "common" / "omni_attention.h").read_text()
+    header = (build.CSRC / "include" / "omni_attention.h").read_text()
     assert f"#define OMNI_ABI_VERSION {_cuda.ABI_VERSION}\n" in header
 
 
@@ -39,7 +39,7 @@ def test_ops_link_into_a_library_that_needs_torchs_libraries(tmp_path):
     so the library records libtorch_cpu / libtorch_cuda as needed without a CUDA torch at build time."""
     needs("cutlass", "torch")
     objs = build.compile_objects(tmp_path, archs=("80",), jobs=2, only="host/*.cpp")
-    objs += build.compile_objects(tmp_path, archs=("80",), jobs=2, only="common/status.cu")
+    objs += build.compile_objects(tmp_path, archs=("80",), jobs=2, only="host/status.cu")
     lib = build.link(objs, tmp_path / "lib.so", ("80",))
     dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     for name in build.TORCH_LIBRARIES:
@@ -97,7 +97,8 @@ def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path
     source = tmp_path / "harness.cu"
     source.write_text(HARNESS)
     exe = tmp_path / "harness"
-    subprocess.run([build.find_nvcc(), "-std=c++17", f"-I{build.CSRC}", str(source), "-o", str(exe)], check=True)
+    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
+    subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(source), "-o", str(exe)], check=True)
     lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
     out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
     for case, block in zip(IMPLICIT_CASES, out.split("end\n")):

@@ -45,7 +45,7 @@ def environment(tmp_path: Path) -> tuple[Path, dict]:
     """A fresh venv over this interpreter's packages, and the environment of a forced, cut-down build."""
     home = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(home)
-    env = {**os.environ, "OMNI_HF_BUILD_CUDA": "1", "OMNI_HF_BUILD_SOURCES": "common/status.cu",
+    env = {**os.environ, "OMNI_HF_BUILD_CUDA": "1", "OMNI_HF_BUILD_SOURCES": "host/status.cu",
            "OMNI_HF_BUILD_ARCHS": "80", "OMNI_HF_CACHE": str(tmp_path / "cache"), "PYTHONNOUSERSITE": "1"}
     env.pop("OMNI_HF_CUDA_LIB", None)
     return home / "bin" / "python", env

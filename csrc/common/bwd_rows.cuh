@@ -6,7 +6,7 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
-#include "common/bwd_run.cuh"
+#include "common/bwd_workspace.cuh"
 
 namespace omni::bwd {
 

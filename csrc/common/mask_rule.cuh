@@ -1,7 +1,7 @@
 // The element rule of omni_attention.h, one function per block type, for kernels and tests.
 // Kernels apply these to register fragments; keep every kernel on these definitions.
 #pragma once
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "common/fragment.cuh"
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

@@ -9,7 +9,7 @@
 #pragma once
 #include <cute/arch/copy_sm80.hpp>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

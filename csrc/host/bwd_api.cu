@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-#include "common/bwd_run.cuh"
-#include "common/dispatch.cuh"
-#include "common/params_check.cuh"
-#include "common/status.cuh"
+#include "common/bwd_workspace.cuh"
+#include "host/dispatch.cuh"
+#include "host/params_check.cuh"
+#include "host/status.cuh"
 
 namespace omni::bwd {
 namespace {

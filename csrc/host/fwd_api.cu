@@ -1,11 +1,11 @@
-// omni_fwd: validates the params and dispatches: the decode path (common/decode.cuh) for few query rows under an
+// omni_fwd: validates the params and dispatches: the decode path (decode/decode.cuh) for few query rows under an
 // implicit mask, else the instantiation of their dtype and head dim: the sm_90a kernel where sm90::fwd_supported
 // says it can run the call (Hopper), else the sm_80 kernel.
 #include "sm80/fwd_api.cuh"
-#include "common/decode.cuh"
-#include "common/params_check.cuh"
+#include "decode/decode.cuh"
+#include "host/params_check.cuh"
 #include "sm90/fwd_api.cuh"
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 namespace {

@@ -1,7 +1,7 @@
 // The omni_hf ops, registered with PyTorch through its stable C ABI, so that one binary serves every torch from
 // the version it was built for onward (TORCH_TARGET_VERSION, set by omni_hf/build.py) and a call from Python is
 // one dispatch: the op reads its tensors, allocates its outputs with torch's caching allocator (CUDA-graph safe),
-// takes torch's current stream and calls the C entry points of common/omni_attention.h. Nothing here syncs.
+// takes torch's current stream and calls the C entry points of include/omni_attention.h. Nothing here syncs.
 //
 //   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap)
@@ -27,7 +27,7 @@
 #include <optional>
 #include <tuple>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 
 #include "sm80/bwd_atomic.cuh"
 #include "sm80/bwd_mask.cuh"
-#include "common/bwd_run.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/bwd_scores.cuh"
 #include "sm80/bwd_traits.cuh"
 #include "common/bwd_walk.cuh"

@@ -5,11 +5,11 @@
 #pragma once
 #include "sm80/bwd_kernel.cuh"
 #include "common/bwd_rows.cuh"
-#include "common/bwd_run.cuh"
-#include "common/dispatch.cuh"
-#include "common/launch.cuh"
+#include "common/bwd_workspace.cuh"
+#include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "sm90/bwd_api.cuh"
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace omni::bwd {
 

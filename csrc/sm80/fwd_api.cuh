@@ -2,7 +2,7 @@
 #pragma once
 #include <cutlass/numeric_types.h>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

@@ -12,7 +12,7 @@
 #include "sm80/kernel_traits.cuh"
 #include "common/kv_tiles.cuh"
 #include "sm80/mma.cuh"
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 #include "common/softmax.cuh"
 #include "sm80/thread_index.cuh"
 #include "common/tile_aux.cuh"

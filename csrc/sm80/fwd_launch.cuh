@@ -3,11 +3,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "common/dispatch.cuh"
-#include "common/launch.cuh"
+#include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "sm80/fwd_api.cuh"
 #include "sm80/fwd_kernel.cuh"
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 

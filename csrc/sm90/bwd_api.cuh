@@ -2,8 +2,8 @@
 #pragma once
 #include <cutlass/numeric_types.h>
 
-#include "common/bwd_run.cuh"
-#include "common/omni_attention.h"
+#include "common/bwd_workspace.cuh"
+#include "omni_attention.h"
 
 namespace omni::sm90 {
 

@@ -7,8 +7,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
-#include "common/bwd_run.cuh"
-#include "common/omni_attention.h"
+#include "common/bwd_workspace.cuh"
+#include "omni_attention.h"
 
 namespace omni::sm90 {
 

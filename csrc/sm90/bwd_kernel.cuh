@@ -20,16 +20,16 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include "common/bwd_run.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/bwd_walk.cuh"
 #include "common/fragment.cuh"
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 #include "sm90/bwd_dq.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/sync.cuh"
 #include "sm90/tma.cuh"
-#include "sm90/token_mask.cuh"
+#include "sm90/tile_mask_token.cuh"
 #include "sm90/wgmma.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_aux.cuh"

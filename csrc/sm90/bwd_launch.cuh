@@ -4,11 +4,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "common/dispatch.cuh"
-#include "common/launch.cuh"
+#include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "sm90/bwd_api.cuh"
 #include "sm90/bwd_kernel.cuh"
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace omni::sm90 {
 

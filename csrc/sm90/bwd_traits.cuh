@@ -4,7 +4,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "common/bwd_run.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/bwd_walk.cuh"
 #include "sm90/reg_split.cuh"
 

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni::sm90 {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <cute/tensor.hpp>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni::sm90 {
 

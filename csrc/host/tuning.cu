@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "sm90/bwd_api.cuh"
-#include "common/launch.cuh"
+#include "host/launch.cuh"
 #include "sm90/fwd_api.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/tma.cuh"

@@ -6,7 +6,7 @@
 #pragma once
 #include <cstddef>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni::decode {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

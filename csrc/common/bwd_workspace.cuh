@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni::bwd {
 

@@ -2,8 +2,8 @@
 
 #include <cstdint>
 
-#include "common/params_check.cuh"
-#include "common/status.cuh"
+#include "host/params_check.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 

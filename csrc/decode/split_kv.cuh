@@ -1,12 +1,12 @@
 // Split-KV forwards: a query row's keys are cut into slices that separate CTAs attend to (the decode path,
-// common/decode.cuh). Each slice leaves its rows normalised by their own sums
+// decode/decode.cuh). Each slice leaves its rows normalised by their own sums
 // as fp32 partials in a workspace, [slices, rows] of (o [D], lse) with row n = (b * heads_q + head) * q_len + query;
 // merge_slices combines them by their log-sum-exp into out and lse: lse = log sum_s exp(lse_s),
 // o = sum_s exp(lse_s - lse) o_s (a row no slice saw gives o = 0, lse = -inf).
 #pragma once
 #include <cstddef>
 
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

@@ -1,12 +1,12 @@
-// merge_slices (common/split_kv.cuh): one warp per query row, each lane a run of D / 32 contiguous columns.
+// merge_slices (decode/split_kv.cuh): one warp per query row, each lane a run of D / 32 contiguous columns.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "common/half.cuh"
-#include "common/split_kv.cuh"
-#include "common/status.cuh"
+#include "decode/split_kv.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 namespace {

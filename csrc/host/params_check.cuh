@@ -1,7 +1,7 @@
 // Host-side validation of OmniFwdParams shared by the forward and the backward entry points.
 // Each check returns OMNI_OK or an OMNI_ERR_* status with a detail naming the failed check.
 #pragma once
-#include "common/omni_attention.h"
+#include "omni_attention.h"
 
 namespace omni {
 

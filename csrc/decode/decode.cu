@@ -1,4 +1,4 @@
-// The decode path (common/decode.cuh): split-KV attention for few query rows per KV head, implicit masks.
+// The decode path (decode/decode.cuh): split-KV attention for few query rows per KV head, implicit masks.
 //
 // slice_kernel, grid (slices, heads_kv, batch), 128 threads: the R = q_len * group query rows of one KV head
 // (row r is query i = r / group of head hk * group + r % group) against one slice of the keys, 128 keys per step:
@@ -7,7 +7,7 @@
 //   P.V      thread t takes the column pair t % (D/2) for the keys t / (D/2) + k * (256 / D) of the step.
 // All the global loads of a step (a K row and a V column pair per thread) are issued together at its start.
 // Each slice ends with its rows normalised by their own sums: written as the output when the keys are not split,
-// else as fp32 partials that merge_slices (common/split_kv.cuh) combines.
+// else as fp32 partials that merge_slices (decode/split_kv.cuh) combines.
 // Rows with no allowed key give o = 0, lse = -inf, as everywhere.
 #include <cuda_runtime.h>
 
@@ -15,12 +15,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/decode.cuh"
+#include "decode/decode.cuh"
 #include "common/half.cuh"
-#include "common/launch.cuh"
+#include "host/launch.cuh"
 #include "common/mask_rule.cuh"
-#include "common/split_kv.cuh"
-#include "common/status.cuh"
+#include "decode/split_kv.cuh"
+#include "host/status.cuh"
 
 namespace omni::decode {
 namespace {
@@ -38,7 +38,7 @@ struct SliceParams {
   OmniFwdParams p;
   Plan plan;
   int group;               // heads_q / heads_kv
-  SplitPartials partials;  // where slices write when there are several (common/split_kv.cuh)
+  SplitPartials partials;  // where slices write when there are several (decode/split_kv.cuh)
 };
 
 __device__ float warp_max(float x) {

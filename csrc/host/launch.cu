@@ -2,8 +2,8 @@
 #include <set>
 #include <utility>
 
-#include "common/launch.cuh"
-#include "common/status.cuh"
+#include "host/launch.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 

@@ -2,7 +2,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace {
 thread_local char g_detail[512] = "";

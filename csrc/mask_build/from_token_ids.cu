@@ -11,7 +11,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "common/status.cuh"
+#include "host/status.cuh"
 
 namespace omni {
 namespace {
