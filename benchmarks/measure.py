@@ -129,26 +129,3 @@ def capture_graph(step: Callable):
         outputs = step()
     return graph, outputs
 
-
-def alternate_libraries(script: str, child_args: list[str], libs: dict[str, str], rounds: int,
-                        root: str) -> dict[str, list[list[dict]]]:
-    """A/B of omni libraries: runs ``python script --child *child_args`` once per library and round, with
-    ``OMNI_HF_CUDA_LIB`` naming the library (two cannot register the same torch ops in one process), libraries
-    alternating within each round. The child prints its rows (a JSON list of dicts with ``kernel_us``) as its last
-    line; returns them per library name, one list per round."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    runs: dict[str, list[list[dict]]] = {name: [] for name in libs}
-    for _ in range(rounds):
-        for name, path in libs.items():
-            env = {**os.environ, "OMNI_HF_CUDA_LIB": str(Path(path).resolve()), "PYTHONPATH": str(root)}
-            out = subprocess.run([sys.executable, script, "--child", *child_args], env=env, capture_output=True,
-                                 text=True, check=True, cwd=root).stdout
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"round {len(runs[name])} {name}: " + ", ".join(f"{r['kernel_us']:.1f}" for r in runs[name][-1]),
-                  file=sys.stderr, flush=True)
-    return runs
