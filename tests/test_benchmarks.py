@@ -483,3 +483,97 @@ def test_one_case_on_the_gpu_checks_and_times_every_peer(monkeypatch):
             entry = by_peer[name][mode]
             assert entry["ms"] > 0 and max(entry["errors"].values()) < measure.MAX_REL_ERR, (name, mode, entry)
     assert record["allowed_pairs"] == layouts.build("vlm", 384).allowed_pairs()
+
+
+# --- README tables from the committed suite JSON (benchmarks.readme_tables) ---
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def markdown_rows(table: str) -> list[list[str]]:
+    """The cells of every body row of the markdown table(s) in ``table``."""
+    rows = [line for line in table.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:]]
+
+
+def pair(row: dict, mode_values=("fwd", "fwd_bwd")) -> str:
+    return " / ".join(str(round(row[mode]["tflops"])) for mode in mode_values)
+
+
+def test_headline_table_shows_the_committed_json():
+    from benchmarks import readme_tables
+
+    result = report.read_json(REPO_ROOT / readme_tables.HEADLINE)
+    table = readme_tables.headline_table(result)
+    assert result["meta"]["device"] in table.splitlines()[0] and result["meta"]["torch"] in table.splitlines()[0]
+    assert "benchmarks/results/attention/" in table.splitlines()[0]
+    body = markdown_rows(table)
+    assert len(body) == len(readme_tables.HEADLINE_CASES)
+    for cells, (mask, seq_len) in zip(body, readme_tables.HEADLINE_CASES):
+        case = next(c for c in result["cases"] if c["mask"] == mask and c["seq_len"] == seq_len)
+        rows = {row["peer"]: row for row in case["rows"]}
+        assert cells[1] == f"{seq_len // 1024}k"
+        assert cells[2:5] == [pair(rows["omni b128"]), pair(rows["flex"]), pair(rows["flex-flash"])]
+        sdpa = [row for peer, row in rows.items() if peer.startswith("sdpa") and "tflops" in row.get("fwd", {})]
+        fastest = sorted(sdpa, key=lambda row: -row["fwd"]["tflops"])[0]
+        assert cells[5].startswith(pair(fastest) + " (")
+        for column, base in ((6, "flex"), (7, "flex-flash")):
+            want = " / ".join(f"{rows[base][m]['ms'] / rows['omni b128'][m]['ms']:.2f}" for m in ("fwd", "fwd_bwd"))
+            assert cells[column] == want
+
+
+def test_suite_sections_show_every_committed_run():
+    from benchmarks import readme_tables
+
+    text = readme_tables.suite_sections(REPO_ROOT)
+    for suite in readme_tables.SUITE_RUNS:
+        result = report.read_json(REPO_ROOT / "benchmarks" / suite.path)
+        assert f"[`{suite.path}`]({suite.path})" in text
+        for case in result["cases"]:
+            omni = next(row for row in case["rows"] if row["peer"] == "omni b128")
+            line = f"| {case['mask']} | {case['seq_len']} | {case['density']:.3f} |"
+            assert any(row.startswith(line) and f" {round(omni['fwd']['tflops'])}/{round(omni['fwd_bwd']['tflops'])} |"
+                       in row for row in text.splitlines()), (suite.path, line)
+
+
+def test_replace_between_keeps_the_rest_and_refuses_a_missing_pair():
+    from benchmarks import readme_tables
+
+    words = [f"w{random.randrange(10**6)}" for _ in range(6)]
+    text = "\n".join([words[0], "<!-- x:start -->", words[1], words[2], "<!-- x:end -->", words[3]])
+    assert readme_tables.replace_between(text, "x", "new\nbody", "f.md").split("\n") == [
+        words[0], "<!-- x:start -->", "new", "body", "<!-- x:end -->", words[3]]
+    for broken in (text.replace("<!-- x:end -->", ""), "<!-- x:end -->\n<!-- x:start -->", text + "\n<!-- x:start -->"):
+        with pytest.raises(ValueError, match="f.md: expected one line '<!-- x:start -->'"):
+            readme_tables.replace_between(broken, "x", "body", "f.md")
+
+
+def test_check_flags_stale_files_and_writing_makes_them_current(tmp_path, capsys):
+    import shutil
+
+    from benchmarks import readme_tables
+
+    for json_path in [readme_tables.HEADLINE] + [f"benchmarks/{suite.path}" for suite in readme_tables.SUITE_RUNS]:
+        (tmp_path / json_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / json_path, tmp_path / json_path)
+    for target in (readme_tables.README, readme_tables.BENCHMARKS_README):
+        (tmp_path / target.path).write_text(f"# top\n<!-- {target.marker}:start -->\nold\n<!-- {target.marker}:end -->\ntail\n")
+    assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "stale: README.md, benchmarks/README.md" in capsys.readouterr().out
+    assert readme_tables.main(["--root", str(tmp_path)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# top\n<!-- results-table:start -->\nOne ") and readme.endswith("<!-- results-table:end -->\ntail\n")
+    assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 0
+    (tmp_path / "README.md").write_text("no markers\n")
+    assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 1
+    assert readme_tables.main(["--root", str(tmp_path)]) == 2
+
+
+def test_committed_readmes_are_current_where_they_carry_the_markers():
+    from benchmarks import readme_tables
+
+    for target, body in readme_tables.rendered(REPO_ROOT).items():
+        text = (REPO_ROOT / target.path).read_text()
+        if f"<!-- {target.marker}:start -->" in text:
+            assert readme_tables.replace_between(text, target.marker, body, target.path) == text, (
+                f"{target.path} is stale: run python -m benchmarks.readme_tables")
