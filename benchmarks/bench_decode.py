@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             "sdpa_static_compiled": lambda: generate(sdpa, prompts, args.new_tokens, cache_implementation="static"),
         }
         seconds, outputs = {name: [] for name in runs}, {}
-        for round_ in range(args.rounds + 1):  # round 0 warms up (and compiles); rounds interleave the backends
+        for round_ in range(args.rounds + 1):  # the first warms up (and compiles); every round interleaves the backends
             for name, run in runs.items():
                 # FlashAttention takes no mask: forced for the dynamic cache only (a static cache hands sdpa one)
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa_fa2" else contextlib.nullcontext():
