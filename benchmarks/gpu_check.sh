@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's checks, logs under $OUT (default benchmarks/results/gpu_check): the library loads with this
+# One GPU machine's checks, logs under $OUT (default benchmarks/results/gpu_check): the library loads with this
 # torch, the GPU tests pass, compute-sanitizer finds nothing on small cases, and (optionally) benchmarks run.
 #
 #   OMNI_HF_CUDA_LIB=/path/libomni_hf_cuda.so bash benchmarks/gpu_check.sh [tests|sanitize|launch|decode|suite]...
