@@ -1,17 +1,21 @@
 """CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
 absent): the ABI version Python expects, the torch ops compiled against torch's stable ABI at the target version,
-a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, and the implicit-mask
-block rule of csrc/common/mask_rule.cuh run on the host against its definition."""
+a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, the implicit-mask
+block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the generated instantiations
+(csrc/generate_instantiations.py) and head-dim dispatch."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 from brute_force import causal_dense
-from omni_hf import OmniBlockMask, _cuda, build
+from omni_hf import OmniBlockMask, build
+from omni_hf.ops import library as _cuda
 
 
 def needs(*tools: str) -> None:
@@ -28,6 +32,68 @@ def needs(*tools: str) -> None:
 def test_python_expects_the_abi_version_of_the_header():
     header = (build.CSRC / "include" / "omni_attention.h").read_text()
     assert f"#define OMNI_ABI_VERSION {_cuda.ABI_VERSION}\n" in header
+
+
+def load_generator():
+    """csrc/generate_instantiations.py as a module (csrc/ is no package)."""
+    spec = importlib.util.spec_from_file_location("generate_instantiations",
+                                                  build.CSRC / "generate_instantiations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_instantiations_are_what_the_generator_writes():
+    generator = load_generator()
+    assert generator.differences() == []
+    committed = {p.relative_to(build.CSRC) for arch in generator.ARCHS for p in (build.CSRC / arch / "inst").iterdir()}
+    assert committed == {p for p in generator.generated_files() if p.parts[1] == "inst"}
+
+
+def test_a_head_dim_added_to_the_table_reaches_every_instantiation_and_the_dispatch(monkeypatch):
+    generator = load_generator()
+    monkeypatch.setattr(generator, "HEAD_DIMS", (*generator.HEAD_DIMS, 96))
+    files = generator.generated_files()
+    for arch in generator.ARCHS:
+        for direction in generator.DIRECTIONS:
+            for dtype, element in generator.DTYPES.items():
+                text = files[Path(arch, "inst", f"{direction}_{dtype}_hdim96.cu")]
+                assert f"run_{direction}<{element}, 96>" in text and f'"{arch}/{direction}_launch.cuh"' in text
+    header = files[Path("host", "head_dims.h")]
+    dims = sorted(generator.HEAD_DIMS)
+    assert f"#define OMNI_FOR_EACH_HEAD_DIM(X) {' '.join(f'X({d})' for d in dims)}\n" in header
+    assert f'"{", ".join(map(str, dims[:-1]))} and {dims[-1]}"' in header
+
+
+DISPATCH_HARNESS = r"""
+#include <cstdio>
+#include "host/dispatch.cuh"
+// Prints, for every head dim up to 512, whether it is instantiated and what the dispatch calls.
+int main() {
+  for (int d = 0; d <= 512; ++d) {
+    const int called = omni::dispatch_head_dim(d, [](auto head_dim) { return int(head_dim()); }, [] { return -1; });
+    std::printf("%d %d %d\n", d, int(omni::instantiated_head_dim(d)), called);
+  }
+  return 0;
+}
+"""
+
+
+def test_head_dim_dispatch_takes_exactly_the_tables_head_dims(tmp_path):
+    """host/dispatch.cuh, compiled on the host from the committed X-macro: every head dim of the table is
+    instantiated and dispatched to itself; every other one falls through."""
+    needs()
+    source = tmp_path / "dispatch.cu"
+    source.write_text(DISPATCH_HARNESS)
+    exe = tmp_path / "dispatch"
+    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
+    subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(source), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    table = set(load_generator().HEAD_DIMS)
+    for line in out.splitlines():
+        d, instantiated, called = map(int, line.split())
+        assert bool(instantiated) == (d in table), d
+        assert called == (d if d in table else -1), d
 
 
 def test_source_hash_changes_with_the_target_arch():

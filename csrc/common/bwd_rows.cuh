@@ -1,12 +1,15 @@
 // The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
 // base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
 // Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
-// by kHeadDim / 8 consecutive lanes.
+// by kHeadDim / 8 consecutive lanes. Both kernel families launch the preprocess (launch_preprocess); the
+// conversion is sm_80's (the sm_90a accumulator has its own layout, sm90/bwd_dq.cuh).
 #pragma once
+#include <cuda_runtime.h>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
 #include "common/bwd_workspace.cuh"
+#include "host/status.cuh"
 
 namespace omni::bwd {
 
@@ -79,6 +82,20 @@ __global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __gri
                                                              h * p.dq.stride_h + i * p.dq.stride_s + col) =
         to_element(acc);
   }
+}
+
+// The grid of both row kernels: (B * Hq, q_pad / 64); empty when q_len is 0.
+inline dim3 row_grid(const OmniFwdParams& f, const Workspace& ws) {
+  return dim3(f.batch * f.heads_q, static_cast<unsigned>(ws.q_pad / kRowTile));
+}
+
+// Launches the preprocess on p.fwd.stream (nothing for an empty grid).
+template <typename Element, int kHeadDim>
+int launch_preprocess(const OmniBwdParams& p, const Workspace& ws) {
+  const dim3 grid = row_grid(p.fwd, ws);
+  if (grid.x == 0 || grid.y == 0) return OMNI_OK;
+  bwd_preprocess_kernel<Element, kHeadDim><<<grid, kRowThreads, 0, static_cast<cudaStream_t>(p.fwd.stream)>>>(p, ws);
+  return check_cuda(cudaGetLastError(), "backward preprocess launch");
 }
 
 }  // namespace omni::bwd

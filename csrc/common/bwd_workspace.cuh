@@ -1,5 +1,5 @@
-// What a backward launch needs besides OmniBwdParams: the layout of the workspace, and the launcher of
-// one instantiation (defined in bwd_launch.cuh, instantiated in inst/bwd_<dtype>_hdim<D>.cu).
+// What a backward launch needs besides OmniBwdParams: the layout of its workspace, shared by the entry point that
+// carves it and by both kernel families.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -40,9 +40,5 @@ inline Workspace carve_workspace(void* base, const OmniFwdParams& f) {
   float* dq_accum = static_cast<float*>(base);
   return {dq_accum, dq_accum + rows * f.head_dim, dq_accum + rows * (f.head_dim + 1), q_pad};
 }
-
-// Runs preprocess, main kernel and dQ conversion on p.fwd.stream; returns an OmniStatus.
-template <typename Element, int kHeadDim, int kBlockN>
-int run_bwd(const OmniBwdParams& p, const Workspace& ws);
 
 }  // namespace omni::bwd

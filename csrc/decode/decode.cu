@@ -17,10 +17,12 @@
 
 #include "decode/decode.cuh"
 #include "common/half.cuh"
-#include "host/launch.cuh"
 #include "common/mask_rule.cuh"
 #include "decode/split_kv.cuh"
+#include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "host/status.cuh"
+#include "host/tuning.cuh"
 
 namespace omni::decode {
 namespace {
@@ -59,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   constexpr int kPairs = kDim / 2;              // column pairs of the P.V phase
   constexpr int kKeyGroups = kThreads / kPairs;  // keys of a step taken at once in the P.V phase
   constexpr int kKeysPerThread = kStepKeys / kKeyGroups;
+  static_assert(kThreads % kPairs == 0, "the P.V phase gives each thread one column pair of one key group");
   const OmniFwdParams& p = sp.p;
   const int slice = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int rows = p.q_len * sp.group;
@@ -213,14 +216,15 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   }
 }
 
-// Slices so that about two CTAs per multiprocessor run, never a step of keys split, none empty.
+// Slices so that about tuning::kDecodeCtasPerSm CTAs per multiprocessor run, never a step of keys split, none empty.
 Plan plan(const OmniFwdParams& p) {
   const BlockSpan keys = implicit_key_range(p.mask, p.kv_len - p.q_len, p.kv_len - 1, p.kv_len);
   Plan plan{keys.first, max_int(keys.count, 0), 1, 0};
   const int total_steps = (plan.num_keys + kStepKeys - 1) / kStepKeys;
   if (total_steps == 0) return plan;
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.heads_kv;  // CTAs per slice
-  const int64_t wanted = std::min<int64_t>(total_steps, (2 * multiprocessors() + ctas - 1) / ctas);  // >= 1
+  const int64_t wanted =
+      std::min<int64_t>(total_steps, (tuning::kDecodeCtasPerSm * multiprocessors() + ctas - 1) / ctas);  // >= 1
   plan.steps = static_cast<int>((total_steps + wanted - 1) / wanted);
   plan.slices = (total_steps + plan.steps - 1) / plan.steps;
   return plan;
@@ -245,11 +249,6 @@ int launch_rows(const SliceParams& sp, int rows) {
 
 }  // namespace
 
-bool supported(const OmniFwdParams& p) {
-  return p.mask.kind != OMNI_MASK_BLOCKS && (p.head_dim == 64 || p.head_dim == 128) && p.batch >= 1 && p.q_len >= 1 &&
-         static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= kMaxRows;
-}
-
 size_t workspace_bytes(const OmniFwdParams& p) { return split_workspace_bytes(p, plan(p).slices); }
 
 int run(const OmniFwdParams& p) {
@@ -258,9 +257,13 @@ int run(const OmniFwdParams& p) {
     if (int s = split_partials(p, sp.plan.slices, &sp.partials)) return s;
   }
   const int rows = p.q_len * sp.group;
-  if (p.dtype == OMNI_BF16)
-    return p.head_dim == 64 ? launch_rows<true, 64>(sp, rows) : launch_rows<true, 128>(sp, rows);
-  return p.head_dim == 64 ? launch_rows<false, 64>(sp, rows) : launch_rows<false, 128>(sp, rows);
+  return dispatch_head_dim(
+      p.head_dim,
+      [&](auto head_dim) {
+        return p.dtype == OMNI_BF16 ? launch_rows<true, head_dim()>(sp, rows)
+                                    : launch_rows<false, head_dim()>(sp, rows);
+      },
+      [&] { return fail(OMNI_ERR_HEAD_DIM, "decode: head_dim=%d", p.head_dim); });
 }
 
 }  // namespace omni::decode

@@ -10,10 +10,9 @@
 
 namespace omni::decode {
 
-constexpr int kMaxRows = 16;  // query rows of one KV head (q_len * heads_q / heads_kv) the path takes
-
-// The decode path can run this (already validated) call.
-bool supported(const OmniFwdParams& p);
+// Query rows of one KV head (q_len * heads_q / heads_kv) the path takes; which calls it takes is
+// host/tuning.cuh's fwd_takes_decode.
+constexpr int kMaxRows = 16;
 
 // Bytes of workspace the call needs (0 when its keys are not split).
 size_t workspace_bytes(const OmniFwdParams& p);

@@ -6,6 +6,7 @@
 
 #include "common/half.cuh"
 #include "decode/split_kv.cuh"
+#include "host/dispatch.cuh"
 #include "host/status.cuh"
 
 namespace omni {
@@ -16,6 +17,7 @@ constexpr int kRowsPerCta = 4;  // warps of a merge CTA
 template <bool kBf16, int kDim>
 __global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
   constexpr int kPerLane = kDim / 32;
+  static_assert(kDim % 32 == 0, "each lane takes kDim / 32 columns");
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
   if (n >= rows) return;
@@ -49,12 +51,13 @@ int launch_merge(const OmniFwdParams& p, const SplitPartials& part) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
   const dim3 grid(static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta));
   auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.head_dim == 64) {
-    merge_kernel<kBf16, 64><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
-  } else {
-    merge_kernel<kBf16, 128><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
-  }
-  return check_cuda(cudaGetLastError(), "merge_kernel launch");
+  return dispatch_head_dim(
+      p.head_dim,
+      [&](auto head_dim) {
+        merge_kernel<kBf16, head_dim()><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
+        return check_cuda(cudaGetLastError(), "merge_kernel launch");
+      },
+      [&] { return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim); });
 }
 
 }  // namespace
@@ -76,7 +79,6 @@ int split_partials(const OmniFwdParams& p, int slices, SplitPartials* partials) 
 }
 
 int merge_slices(const OmniFwdParams& p, const SplitPartials& partials) {
-  if (p.head_dim != 64 && p.head_dim != 128) return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim);
   return p.dtype == OMNI_BF16 ? launch_merge<true>(p, partials) : launch_merge<false>(p, partials);
 }
 

@@ -1,5 +1,6 @@
-// omni_bwd and omni_bwd_workspace_bytes: validate the params, carve the workspace and dispatch to the
-// instantiation of dtype x head dim x block_kv (inst/bwd_<dtype>_hdim<D>.cu).
+// omni_bwd and omni_bwd_workspace_bytes: validate the params, carve the workspace and dispatch as host/tuning.cuh
+// says: the instantiation of their dtype and head dim of the sm_90a backward or of the sm_80 one (sm90/inst/,
+// sm80/inst/), each launching the preprocess, its main kernel and its dQ conversion.
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
@@ -8,6 +9,9 @@
 #include "host/dispatch.cuh"
 #include "host/params_check.cuh"
 #include "host/status.cuh"
+#include "host/tuning.cuh"
+#include "sm80/bwd_api.cuh"
+#include "sm90/bwd_api.cuh"
 
 namespace omni::bwd {
 namespace {
@@ -19,8 +23,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int check_bwd_params(const OmniBwdParams& p) {
   const OmniFwdParams& f = p.fwd;
   if (int s = check_call_params(f)) return s;
-  if (f.head_dim != 64 && f.head_dim != 128)
-    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the backward is built for 64 and 128", f.head_dim);
+  if (!instantiated_head_dim(f.head_dim))
+    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the backward is built for " OMNI_HEAD_DIMS_TEXT, f.head_dim);
   if (int s = check_tensor(p.dout, "dout")) return s;
   if (int s = check_tensor(p.dq, "dq")) return s;
   if (int s = check_tensor(p.dk, "dk")) return s;
@@ -40,11 +44,16 @@ int check_bwd_params(const OmniBwdParams& p) {
   return OMNI_OK;
 }
 
+template <typename Element, int kHeadDim>
+int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
+  return tuning::bwd_takes_sm90(p) ? sm90::run_bwd<Element, kHeadDim>(p, ws) : sm80::run_bwd<Element, kHeadDim>(p, ws);
+}
+
+// The head dim was checked by check_bwd_params.
 template <typename Element>
-int run_dtype(const OmniBwdParams& p, const Workspace& ws) {
-  return dispatch_block(p.fwd.mask.block_kv, [&](auto block_kv) {
-    return p.fwd.head_dim == 64 ? run_bwd<Element, 64, block_kv()>(p, ws) : run_bwd<Element, 128, block_kv()>(p, ws);
-  });
+int run_bwd_head_dim(const OmniBwdParams& p, const Workspace& ws) {
+  return dispatch_head_dim(p.fwd.head_dim, [&](auto head_dim) { return run_bwd<Element, head_dim()>(p, ws); },
+                           [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.fwd.head_dim); });
 }
 
 }  // namespace
@@ -63,5 +72,6 @@ extern "C" int omni_bwd(const OmniBwdParams* params) {
   if (int s = check_device()) return s;
   if (p.fwd.batch == 0) return OMNI_OK;
   const bwd::Workspace ws = bwd::carve_workspace(p.workspace, p.fwd);
-  return p.fwd.dtype == OMNI_BF16 ? bwd::run_dtype<cutlass::bfloat16_t>(p, ws) : bwd::run_dtype<cutlass::half_t>(p, ws);
+  return p.fwd.dtype == OMNI_BF16 ? bwd::run_bwd_head_dim<cutlass::bfloat16_t>(p, ws)
+                                  : bwd::run_bwd_head_dim<cutlass::half_t>(p, ws);
 }

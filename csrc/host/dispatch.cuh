@@ -2,6 +2,8 @@
 #pragma once
 #include <type_traits>
 
+#include "host/head_dims.h"
+
 namespace omni {
 
 // Calls f(std::integral_constant<bool, cond>{}).
@@ -14,6 +16,25 @@ int dispatch_bool(bool cond, F&& f) {
 template <typename F>
 int dispatch_block(int size, F&& f) {
   return size == 64 ? f(std::integral_constant<int, 64>{}) : f(std::integral_constant<int, 128>{});
+}
+
+// Whether head_dim has kernel instantiations (host/head_dims.h).
+constexpr bool instantiated_head_dim(int head_dim) {
+#define OMNI_IS_HEAD_DIM(D) head_dim == D ||
+  return OMNI_FOR_EACH_HEAD_DIM(OMNI_IS_HEAD_DIM) false;
+#undef OMNI_IS_HEAD_DIM
+}
+
+// Calls f(std::integral_constant<int, D>{}) for the instantiated head dim D equal to head_dim, else otherwise().
+template <typename F, typename G>
+auto dispatch_head_dim(int head_dim, F&& f, G&& otherwise) -> decltype(otherwise()) {
+  switch (head_dim) {
+#define OMNI_HEAD_DIM_CASE(D) \
+  case D: return f(std::integral_constant<int, D>{});
+    OMNI_FOR_EACH_HEAD_DIM(OMNI_HEAD_DIM_CASE)
+#undef OMNI_HEAD_DIM_CASE
+    default: return otherwise();
+  }
 }
 
 }  // namespace omni

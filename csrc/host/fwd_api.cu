@@ -1,23 +1,41 @@
-// omni_fwd: validates the params and dispatches: the decode path (decode/decode.cuh) for few query rows under an
-// implicit mask, else the instantiation of their dtype and head dim: the sm_90a kernel where sm90::fwd_supported
-// says it can run the call (Hopper), else the sm_80 kernel.
-#include "sm80/fwd_api.cuh"
+// omni_fwd and omni_fwd_workspace_bytes: validate the params and dispatch as host/tuning.cuh says: the decode path
+// (decode/decode.cuh) for few query rows under an implicit mask, else the instantiation of their dtype and head dim
+// of the sm_90a forward or of the sm_80 one (sm90/inst/, sm80/inst/).
+#include <cutlass/numeric_types.h>
+
 #include "decode/decode.cuh"
+#include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "host/params_check.cuh"
-#include "sm90/fwd_api.cuh"
 #include "host/status.cuh"
+#include "host/tuning.cuh"
+#include "sm80/fwd_api.cuh"
+#include "sm90/fwd_api.cuh"
 
 namespace omni {
 namespace {
 
+template <typename Element, int kHeadDim>
+int run_fwd(const OmniFwdParams& p) {
+  return tuning::fwd_takes_sm90(p) ? sm90::run_fwd<Element, kHeadDim>(p) : sm80::run_fwd<Element, kHeadDim>(p);
+}
+
 template <typename Element>
 int run_fwd_head_dim(const OmniFwdParams& p) {
-  const bool hopper = sm90::fwd_supported(p);
-  switch (p.head_dim) {
-    case 64: return hopper ? sm90::run_fwd<Element, 64>(p) : run_fwd<Element, 64>(p);
-    case 128: return hopper ? sm90::run_fwd<Element, 128>(p) : run_fwd<Element, 128>(p);
-    default: return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the forward is built for 64 and 128", p.head_dim);
-  }
+  return dispatch_head_dim(p.head_dim, [&](auto head_dim) { return run_fwd<Element, head_dim()>(p); }, [&] {
+    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; the forward is built for " OMNI_HEAD_DIMS_TEXT, p.head_dim);
+  });
+}
+
+// The sm_90a forward's workspace: its work counter where it runs persistent 128-row CTAs, else none.
+size_t sm90_workspace_bytes(const OmniFwdParams& p) {
+  const int sms = multiprocessors();
+  return dispatch_head_dim(
+      p.head_dim,
+      [&](auto head_dim) {
+        return tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0} : sm90::kPersistentWorkspaceBytes;
+      },
+      [] { return size_t{0}; });
 }
 
 }  // namespace
@@ -26,7 +44,9 @@ int run_fwd_head_dim(const OmniFwdParams& p) {
 extern "C" size_t omni_fwd_workspace_bytes(const OmniFwdParams* params) {
   using namespace omni;
   if (params == nullptr || check_call_params(*params) != OMNI_OK) return 0;
-  return decode::supported(*params) ? decode::workspace_bytes(*params) : sm90::fwd_workspace_bytes(*params);
+  const OmniFwdParams& p = *params;
+  if (tuning::fwd_takes_decode(p)) return decode::workspace_bytes(p);
+  return tuning::fwd_takes_sm90(p) ? sm90_workspace_bytes(p) : 0;
 }
 
 extern "C" int omni_fwd(const OmniFwdParams* params) {
@@ -40,6 +60,6 @@ extern "C" int omni_fwd(const OmniFwdParams* params) {
   }
   if (int s = check_device()) return s;
   if (p.batch == 0 || p.q_len == 0) return OMNI_OK;
-  if (decode::supported(p)) return decode::run(p);
+  if (tuning::fwd_takes_decode(p)) return decode::run(p);
   return p.dtype == OMNI_BF16 ? run_fwd_head_dim<cutlass::bfloat16_t>(p) : run_fwd_head_dim<cutlass::half_t>(p);
 }

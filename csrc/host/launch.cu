@@ -1,3 +1,4 @@
+// allow_dynamic_smem and multiprocessors (host/launch.cuh): the per-device lookups every launcher shares.
 #include <mutex>
 #include <set>
 #include <utility>

@@ -1,3 +1,4 @@
+// Host-side validation of the call parameters (host/params_check.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>

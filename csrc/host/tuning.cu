@@ -1,16 +1,15 @@
-// When omni_fwd takes the sm_90a forward (and the workspace it needs) and omni_bwd the sm_90a backward main
-// kernel (host code only).
+// The host side of host/tuning.cuh: which kernels take a call (host code only).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 
-#include "sm90/bwd_api.cuh"
-#include "host/launch.cuh"
-#include "sm90/fwd_api.cuh"
-#include "sm90/fwd_traits.cuh"
+#include "decode/decode.cuh"
+#include "host/dispatch.cuh"
+#include "host/tuning.cuh"
 #include "sm90/tma.cuh"
 
-namespace omni::sm90 {
+namespace omni::tuning {
 namespace {
 
 constexpr int kMaxDevices = 64;
@@ -36,26 +35,25 @@ bool disabled_by_env() {
 
 // Hopper, not switched off, and q, k, v readable by TMA (which needs q_len and kv_len > 0).
 bool hopper_can_read(const OmniFwdParams& p) {
-  return !disabled_by_env() && device_is_sm90() && tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
-         tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
+  return !disabled_by_env() && device_is_sm90() && sm90::tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
+         sm90::tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) &&
+         sm90::tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
 }
 
 }  // namespace
 
-bool fwd_supported(const OmniFwdParams& p) {
+bool fwd_takes_decode(const OmniFwdParams& p) {
+  return p.mask.kind != OMNI_MASK_BLOCKS && instantiated_head_dim(p.head_dim) && p.batch >= 1 && p.q_len >= 1 &&
+         static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= decode::kMaxRows;
+}
+
+bool fwd_takes_sm90(const OmniFwdParams& p) {
   return (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 && hopper_can_read(p);
 }
 
-size_t fwd_workspace_bytes(const OmniFwdParams& p) {
-  if (!fwd_supported(p)) return 0;
-  const int sms = multiprocessors();
-  const bool rows64 = p.head_dim == 64 ? takes_64_rows<64>(p, sms) : p.head_dim != 128 || takes_64_rows<128>(p, sms);
-  return rows64 ? 0 : kPersistentWorkspaceBytes;
-}
-
-bool bwd_supported(const OmniBwdParams& p) {
+bool bwd_takes_sm90(const OmniBwdParams& p) {
   return p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
-         tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
+         sm90::tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
 }
 
-}  // namespace omni::sm90
+}  // namespace omni::tuning

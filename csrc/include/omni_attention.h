@@ -1,8 +1,9 @@
-// omni_hf CUDA library: the plain C ABI shared by the kernels and omni_hf/_cuda.py (ctypes).
+// omni_hf CUDA library: the plain C ABI of its entry points (host/fwd_api.cu, bwd_api.cu, mask_build/).
 //
-// No torch headers. Python fills these structs, passes pointers, strides and the current CUDA stream,
-// and turns every non-zero return code into an exception (omni_error_string + omni_last_error_detail).
-// Bump OMNI_ABI_VERSION whenever a struct below changes; Python refuses a library of another version.
+// No torch types. The torch ops (host/torch_ops.cpp, registered through torch's stable C ABI) fill these structs
+// from their tensors, pass pointers, strides and torch's current CUDA stream, and turn every non-zero return code
+// into a RuntimeError (omni_error_string + omni_last_error_detail). Bump OMNI_ABI_VERSION whenever a struct below
+// changes; the Python loader reads omni_abi_version when it loads the library and refuses another version.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

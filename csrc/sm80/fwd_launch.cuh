@@ -5,11 +5,11 @@
 
 #include "host/dispatch.cuh"
 #include "host/launch.cuh"
+#include "host/status.cuh"
 #include "sm80/fwd_api.cuh"
 #include "sm80/fwd_kernel.cuh"
-#include "host/status.cuh"
 
-namespace omni {
+namespace omni::sm80 {
 
 // 128 x 64 tiles with 4 warps: each warp owns 32 query rows, so every K fragment read from smem feeds two
 // MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers.
@@ -37,4 +37,4 @@ int run_fwd(const OmniFwdParams& p) {
   });
 }
 
-}  // namespace omni
+}  // namespace omni::sm80

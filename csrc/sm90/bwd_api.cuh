@@ -1,4 +1,5 @@
-// The sm_90a backward main kernel as seen by run_bwd: whether it can run a call, and its instantiations.
+// The sm_90a backward as seen by omni_bwd: its instantiations (one per dtype x head dim, each in its own file under
+// inst/), which take the calls host/tuning.cuh's bwd_takes_sm90 gives them.
 #pragma once
 #include <cutlass/numeric_types.h>
 
@@ -7,15 +8,10 @@
 
 namespace omni::sm90 {
 
-// True when the current device is an sm_90 (Hopper), OMNI_HF_DISABLE_SM90 is not set to a non-zero value (read
-// at every call) and the call fits the kernel: 128-key mask blocks, and q, k, v, dout readable by TMA. Otherwise
-// run_bwd launches sm_80's main kernel. The preprocess is the same for both.
-bool bwd_supported(const OmniBwdParams& p);
-
-// Launches the main kernel and the conversion of its dQ accumulator (whose layout is its own, bwd_dq.cuh) for
-// validated params on p.fwd.stream, after the preprocess filled the workspace; defined by bwd_launch.cuh,
-// instantiated in inst/bwd_sm90_*.cu.
+// Runs the preprocess (common/bwd_rows.cuh, as sm_80's backward), the main kernel and the conversion of its dQ
+// accumulator (whose layout is its own, bwd_dq.cuh) for validated params on p.fwd.stream; returns an OmniStatus.
+// Defined by bwd_launch.cuh, instantiated in inst/bwd_<dtype>_hdim<D>.cu.
 template <typename Element, int kHeadDim>
-int run_bwd_main(const OmniBwdParams& p, const bwd::Workspace& ws);
+int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws);
 
 }  // namespace omni::sm90

@@ -1,14 +1,15 @@
-// Host launcher of the sm_90a backward main kernel for one (dtype, head dim): builds the TMA descriptors,
-// launches one CTA per (KV head, batch, key block), then the dQ conversion of its accumulator layout
+// Host launcher of the sm_90a backward for one (dtype, head dim): the preprocess, then the main kernel with its TMA
+// descriptors, one CTA per (KV head, batch, key block), then the dQ conversion of its accumulator layout
 // (bwd_dq.cuh). Included only by the instantiation files in sm90/inst/.
 #pragma once
 #include <cuda_runtime.h>
 
+#include "common/bwd_rows.cuh"
 #include "host/dispatch.cuh"
 #include "host/launch.cuh"
+#include "host/status.cuh"
 #include "sm90/bwd_api.cuh"
 #include "sm90/bwd_kernel.cuh"
-#include "host/status.cuh"
 
 namespace omni::sm90 {
 
@@ -36,7 +37,8 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
 }
 
 template <typename Element, int kHeadDim>
-int run_bwd_main(const OmniBwdParams& p, const bwd::Workspace& ws) {
+int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
+  if (int s = bwd::launch_preprocess<Element, kHeadDim>(p, ws)) return s;
   return dispatch_bool(p.fwd.softcap > 0.f, [&](auto softcap) {
     return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap()>(p, ws);
   });

@@ -1,7 +1,8 @@
 // The sm_90a forward. A work item is a (query tile of kBlockM rows, head, batch); its CTA walks the active key
 // tiles of the mask's block row holding its rows (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines.
 // 128-row CTAs are persistent: one per SM, each taking items from a work counter (in the workspace) until none is
-// left, the next item's Q and first tiles loading while the current one finishes; 64-row CTAs take one item each.
+// left, the next item's Q and first tiles loading while the current one finishes; 64-row CTAs take one item each
+// (tile_scheduler.cuh).
 //   warpgroup 0 (producer, one warp): TMA loads of Q per item and of K, V per tile into a kStages-deep ring of
 //     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
 //     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it. Where the token rule's
@@ -20,8 +21,9 @@
 #include "sm90/fwd_traits.cuh"
 #include "sm90/softmax_deferred.cuh"
 #include "sm90/sync.cuh"
-#include "sm90/tma.cuh"
 #include "sm90/tile_mask_token.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "sm90/tma.cuh"
 #include "sm90/wgmma.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_aux.cuh"
@@ -43,7 +45,7 @@ struct FwdParams {
   OmniFwdParams p;
   TmaQ tma_q;
   TmaKV tma_k, tma_v;
-  int fold;  // launch_rank's order: the linear CTA index from which ranks run backwards (0: never)
+  int fold;  // FwdTileScheduler's launch order: the linear CTA index from which ranks run backwards (0: never)
 };
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
@@ -63,27 +65,6 @@ __forceinline__ __device__ QTile make_q_tile(int index, int block_m, const OmniF
   const int block = row0 / p.mask.block_q;
   const int offset = p.kv_len - p.q_len;
   return {index, row0, row0 + offset, block, block * p.mask.block_q + offset};
-}
-
-// What a CTA computes: head, query tile, batch row. Rank r of the work (heads x tiles x batch) is: later query
-// tiles first (under causal masks they see more keys), the tile slowest so every batch row's long tiles lead.
-// Without a persistent grid the r-th CTA in launch order takes rank r, except that with two CTAs per SM all
-// resident at once the CTAs from `fold` (the SM count) on run the ranks backwards, so the SM that took the k-th
-// longest tile gets the k-th shortest beside it rather than the next long one. A persistent grid (one CTA per
-// SM) takes ranks from a work counter in the order CTAs ask for them.
-struct CtaWork {
-  int head, tile, batch;
-};
-
-__forceinline__ __device__ CtaWork work_of_rank(int64_t r, int heads, int tiles, int batch) {
-  const int64_t heads_batches = int64_t(heads) * batch;
-  return {int(r % heads), int(tiles - 1 - r / heads_batches), int(r % heads_batches / heads)};
-}
-
-__forceinline__ __device__ int64_t launch_rank(int fold) {
-  const int64_t c = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-  const int64_t total = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-  return fold > 0 && c >= fold ? total - 1 - (c - fold) : c;
 }
 
 // Producer warp, one work item: Q and its rows' token ids or ranges once, then the item's K, V tiles in order, a
@@ -311,8 +292,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   extern __shared__ __align__(1024) char smem[];
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const OmniFwdParams& p = params.p;
-  const int tiles = (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t total = int64_t(p.heads_q) * tiles * p.batch;
+  const FwdTileScheduler<Traits::kBlockM, Traits::kPersistent> scheduler(p, params.fold);
 
   if (threadIdx.x == 0) {
     Barrier::init(&s.q_full, kFullArrivals);
@@ -332,20 +312,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
-      unsigned long long* work_counter = static_cast<unsigned long long*>(p.workspace);  // zeroed by the launch
-      int64_t rank = Traits::kPersistent ? blockIdx.x : launch_rank(params.fold);
+      int64_t rank = scheduler.get_initial_work();
       int g = 0;
       for (int j = 0;; ++j) {
         // How the item's token tiles are masked depends on its batch row: read before waiting for Q's buffer.
         const bool ranged =
-            rank < total && token_ranges_apply(p.mask, work_of_rank(rank, p.heads_q, tiles, p.batch).batch);
+            scheduler.is_valid(rank) && token_ranges_apply(p.mask, scheduler.get_block_coord(rank).batch);
         Barrier::wait(&s.q_empty, (j & 1) ^ 1);
-        int64_t next = total;  // asked for before the item's loads, so the answer is back when they are issued
-        if constexpr (Traits::kPersistent) {
-          if (lane == 0 && rank < total) next = int64_t(atomicAdd(work_counter, 1ull)) + gridDim.x;
-          next = __shfl_sync(0xffffffff, next, 0);
-        }
-        if (rank >= total) {
+        const int64_t next = scheduler.get_next_work(rank, lane);
+        if (!scheduler.is_valid(rank)) {
           if (lane == 0) {
             s.item = FwdItem{-1, 0};
             Barrier::arrive(&s.q_full);
@@ -353,7 +328,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
           arrive_after_staging(&s.q_full);
           break;
         }
-        const CtaWork work = work_of_rank(rank, p.heads_q, tiles, p.batch);
+        const CtaWork work = scheduler.get_block_coord(rank);
         const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
         const KvTileWalker<Traits::kBlockN> walker(p.mask, work.batch, p.mask.heads == 1 ? 0 : work.head, qt.block,
                                                    qt.block_qpos0, p.kv_len);
@@ -372,7 +347,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
       Barrier::wait(&s.q_full, j & 1);
       const FwdItem item = s.item;
       if (item.rank < 0) break;
-      const CtaWork work = work_of_rank(item.rank, p.heads_q, tiles, p.batch);
+      const CtaWork work = scheduler.get_block_coord(item.rank);
       const QTile qt = make_q_tile(work.tile, Traits::kBlockM, p);
       consume<Traits, kSoftcap>(p, s, work.batch, work.head, qt.row0, qt.qpos0, item.n_tiles, g);
       g += item.n_tiles;

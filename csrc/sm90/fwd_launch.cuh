@@ -5,9 +5,10 @@
 
 #include "host/dispatch.cuh"
 #include "host/launch.cuh"
+#include "host/status.cuh"
+#include "host/tuning.cuh"
 #include "sm90/fwd_api.cuh"
 #include "sm90/fwd_kernel.cuh"
-#include "host/status.cuh"
 
 namespace omni::sm90 {
 
@@ -18,7 +19,7 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   constexpr int kHeadDim = Traits::kHeadDim;
   const dim3 grid = fwd_grid<Traits::kBlockM>(p);
   const int64_t ctas = cta_count(grid);
-  const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see launch_rank
+  const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see FwdTileScheduler
   const FwdParams<Traits> params{
       p,
       make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
@@ -42,13 +43,13 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
 
-// 64-row CTAs or persistent 128-row ones, as takes_64_rows (fwd_traits.cuh) decides.
+// 64-row CTAs or persistent 128-row ones, as host/tuning.cuh's sm90_fwd_takes_64_rows decides.
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   using Traits64 = FwdTraits<Element, kHeadDim, 64>;
   using Traits128 = FwdTraits<Element, kHeadDim, 128>;
   const int sms = multiprocessors();
-  const bool rows64 = takes_64_rows<kHeadDim>(p, sms);
+  const bool rows64 = tuning::sm90_fwd_takes_64_rows<kHeadDim>(p, sms);
   return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
     return rows64 ? launch_fwd_kernel<Traits64, softcap()>(p, sms) : launch_fwd_kernel<Traits128, softcap()>(p, sms);
   });

@@ -95,25 +95,4 @@ struct FwdTraits {
                 "setmaxnreg split exceeds the launch");
 };
 
-// The grid of a launch of one CTA per work item: (heads, tiles, batch), as fwd_kernel's launch_rank reads it.
-template <int kBlockM>
-dim3 fwd_grid(const OmniFwdParams& p) {
-  return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
-}
-
-inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * grid.z; }
-
-// Bytes of workspace a persistent forward needs: its work counter.
-constexpr size_t kPersistentWorkspaceBytes = 16;
-
-// Whether a call runs 64-row CTAs: where the mask's blocks have 64 rows, or where every 64-row CTA of the call
-// is resident at once (e.g. B 1, H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128, which
-// would leave half of 132 multiprocessors idle). Otherwise 128-row CTAs, whose two warpgroups ping-pong, run
-// persistent. `sms`: the device's multiprocessors.
-template <int kHeadDim>
-bool takes_64_rows(const OmniFwdParams& p, int sms) {
-  using Traits64 = FwdTraits<cutlass::half_t, kHeadDim, 64>;  // bf16 has the same sizes
-  return p.mask.block_q == 64 || cta_count(fwd_grid<64>(p)) <= int64_t(sms) * Traits64::kCtasPerSm;
-}
-
 }  // namespace omni::sm90

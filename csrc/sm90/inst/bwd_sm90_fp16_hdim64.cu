@@ -1,4 +1,0 @@
-// sm_90a backward main kernel instantiation: fp16, head dim 64.
-#include "sm90/bwd_launch.cuh"
-
-template int omni::sm90::run_bwd_main<cutlass::half_t, 64>(const OmniBwdParams&, const omni::bwd::Workspace&);

@@ -1,0 +1,84 @@
+// The sm_90a forward's tile scheduler: which work items (query tile, head, batch) a CTA takes and in what order,
+// and the grid and workspace a launch gives it. Persistent CTAs (one per SM) take items from a work counter; the
+// others take one item each, by their place in the launch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "omni_attention.h"
+
+namespace omni::sm90 {
+
+// What a CTA computes: head, query tile, batch row.
+struct CtaWork {
+  int head, tile, batch;
+};
+
+// The grid of a launch of one CTA per work item: (heads, tiles, batch), as launch_rank reads it.
+template <int kBlockM>
+dim3 fwd_grid(const OmniFwdParams& p) {
+  return dim3(p.heads_q, (p.q_len + kBlockM - 1) / kBlockM, p.batch);
+}
+
+inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * grid.z; }
+
+// Bytes of workspace a persistent forward needs: its work counter (zeroed by the launch).
+constexpr size_t kPersistentWorkspaceBytes = 16;
+
+// Work items are named by their rank r in (heads x tiles x batch): later query tiles first (under causal masks they
+// see more keys), the tile slowest so every batch row's long tiles lead. Without a persistent grid the r-th CTA in
+// launch order takes rank r, except that with two CTAs per SM all resident at once the CTAs from `fold` (the SM
+// count; 0: never) on run the ranks backwards, so the SM that took the k-th longest tile gets the k-th shortest
+// beside it rather than the next long one. A persistent grid (one CTA per SM) takes ranks from the work counter in
+// the order CTAs ask for them. FlashAttention-3's four calls; the producer warp asks, and publishes each rank to the
+// consumers with its Q.
+template <int kBlockM, bool kPersistent>
+class FwdTileScheduler {
+ public:
+  __device__ FwdTileScheduler(const OmniFwdParams& p, int fold)
+      : heads_(p.heads_q),
+        tiles_((p.q_len + kBlockM - 1) / kBlockM),
+        batch_(p.batch),
+        total_(int64_t(heads_) * tiles_ * batch_),
+        fold_(fold),
+        counter_(static_cast<unsigned long long*>(p.workspace)) {}
+
+  // The CTA's first rank.
+  __forceinline__ __device__ int64_t get_initial_work() const { return kPersistent ? blockIdx.x : launch_rank(); }
+
+  // Whether `rank` names a work item (the ranks past the work end the CTA).
+  __forceinline__ __device__ bool is_valid(int64_t rank) const { return rank < total_; }
+
+  // The rank after `rank`; called by a whole warp (lane 0 asks the counter), before the current item's loads are
+  // issued so that the answer is back by the time they are.
+  __forceinline__ __device__ int64_t get_next_work(int64_t rank, int lane) const {
+    int64_t next = total_;
+    if constexpr (kPersistent) {
+      if (lane == 0 && rank < total_) next = int64_t(atomicAdd(counter_, 1ull)) + gridDim.x;
+      next = __shfl_sync(0xffffffff, next, 0);
+    }
+    return next;
+  }
+
+  // The work item of a valid rank.
+  __forceinline__ __device__ CtaWork get_block_coord(int64_t rank) const {
+    const int64_t heads_batches = int64_t(heads_) * batch_;
+    return {int(rank % heads_), int(tiles_ - 1 - rank / heads_batches), int(rank % heads_batches / heads_)};
+  }
+
+ private:
+  __forceinline__ __device__ int64_t launch_rank() const {
+    const int64_t c = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+    const int64_t total = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+    return fold_ > 0 && c >= fold_ ? total - 1 - (c - fold_) : c;
+  }
+
+  int heads_, tiles_, batch_;
+  int64_t total_;
+  int fold_;
+  unsigned long long* counter_;
+};
+
+}  // namespace omni::sm90
