@@ -3,8 +3,8 @@
 Metadata lives in pyproject.toml. The build runs when nvcc, the CUTLASS headers and torch's headers are found and a
 GPU driver is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. a wheel built on a machine without a GPU) and =0 skips
 it. The library goes where `omni_hf._cuda` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
-``py3-none-<platform>``: the library uses no Python C API) or, for an editable install, into the source tree. So
-an install builds once and the first call loads it. Without it the package installs as pure Python and the first
+``py3-none-<platform>``: the library uses no Python C API) or, for an editable install, into the source tree. So an
+install builds once and the first call loads it. Without it the package installs as pure Python and the first
 use on a GPU builds the library into a cache directory.
 
 Knobs: OMNI_HF_BUILD_ARCHS (default "80,90a"), OMNI_HF_BUILD_SOURCES (a glob of csrc/ sources to build, for tests).
@@ -13,10 +13,10 @@ Knobs: OMNI_HF_BUILD_ARCHS (default "80,90a"), OMNI_HF_BUILD_SOURCES (a glob of 
 import ctypes
 import importlib.util
 import os
+import sysconfig
 from pathlib import Path
 
-from setuptools import Distribution, setup
-from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -75,20 +75,14 @@ class BuildPyWithCuda(build_py):
         BUILD.build(root / "omni_hf" / "lib", archs, only=os.environ.get("OMNI_HF_BUILD_SOURCES"))
 
 
-class PlatformWheel(bdist_wheel):
-    """Tags a wheel holding the library ``py3-none-<platform>``: any Python 3, this OS and CPU."""
-
-    def get_tag(self):
-        _, _, platform = super().get_tag()
-        return "py3", "none", platform
-
-
-class BinaryDistribution(Distribution):
-    """A distribution with a compiled library (so the wheel is a platform wheel)."""
-
-    def has_ext_modules(self):
-        return True
+def wheel_options() -> dict:
+    """A wheel holding the library is tagged ``py3-none-<platform>`` (any Python 3, this OS and CPU): the
+    distribution stays pure Python, whose wheels take the ``py3-none`` tags, and names its platform. Only options,
+    no subclass of ``bdist_wheel``: that command moved from the ``wheel`` package into setuptools 70.1, and this
+    works with either (setuptools >= 64)."""
+    if not WANTED:
+        return {}
+    return {"bdist_wheel": {"plat_name": sysconfig.get_platform()}}
 
 
-setup(cmdclass={"build_py": BuildPyWithCuda, "bdist_wheel": PlatformWheel},
-      distclass=BinaryDistribution if WANTED else Distribution)
+setup(cmdclass={"build_py": BuildPyWithCuda}, options=wheel_options())
