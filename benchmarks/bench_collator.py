@@ -20,8 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from omni_hf.collator import OmniCollator
-from omni_hf.mask import OmniBlockMask
+from omni_hf import OmniBlockMask, OmniCollator
 
 IMAGE_TOKENS = 576
 IMAGES = 40

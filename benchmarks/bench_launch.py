@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import layouts, measure
-from omni_hf import OmniBlockMask, _cuda, omni_attention
+from omni_hf import OmniBlockMask, omni_attention
+from omni_hf.ops import library
 
 
 def host_us(fn, calls: int, burst: int = 50) -> float:
@@ -134,11 +135,11 @@ def floor_cases(calls: int) -> list[dict]:
     q, k, v = (torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
     leaf = q.clone().requires_grad_()
     grad = torch.randn_like(q)
-    tensors, sizes = OmniBlockMask.causal(1024)._op_args()
+    tensors, sizes = OmniBlockMask.causal(1024).as_tuple()
     cases = {
         ("torch.mul (one ATen op, S1024 H8 D64)", "fwd"): lambda: torch.mul(q, 2.0),
         ("torch.mul (one ATen op, S1024 H8 D64)", "fwd+bwd"): lambda: torch.autograd.grad(leaf * 2.0, leaf, grad),
-        ("omni_hf::fwd op direct, S1024 H8 D64 causal", "fwd"): lambda: _cuda.forward_flat(q, k, v, tensors, sizes,
+        ("omni_hf::fwd op direct, S1024 H8 D64 causal", "fwd"): lambda: library.forward(q, k, v, tensors, sizes,
                                                                                              0.125, 0.0),
     }
     return [{"case": name, "mode": mode, "host_us": host_us(fn, calls), "wall_us": wall_us(fn, min(calls, 300)),

@@ -74,7 +74,7 @@ import transformers
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
 from omni_hf import OmniCollator  # importing omni_hf registers "omni"
-from training.masks import token_rule
+from omni_hf.mask import token_mask_mod as token_rule
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("omni", "flex_attention", "sdpa")

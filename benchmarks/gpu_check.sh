@@ -16,7 +16,7 @@ steps=("$@")
 
 python3 - <<'EOF' 2>&1 | tee "$OUT/environment.log" || exit 1
 import torch, transformers
-from omni_hf import _cuda
+from omni_hf.ops import library as _cuda
 print(torch.cuda.get_device_name(), "torch", torch.__version__, "transformers", transformers.__version__)
 print("library", _cuda.library_path(), "available", _cuda.available(), _cuda._load_error())
 assert _cuda.available()

@@ -162,7 +162,7 @@ def measure_cases(cases: list[Case], which: str) -> dict:
     """The child's answer: the GPU, torch and library, and `measure_case` of every case."""
     import torch
 
-    from omni_hf import _cuda
+    from omni_hf.ops import library as _cuda
 
     if not _cuda.available():
         raise SystemExit("kernel_ab: needs a CUDA device and the omni_hf CUDA library")

@@ -6,7 +6,7 @@ one run, on one GPU.
 
 For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed from
 the layout's ids or table in host memory: omni's builder on the GPU, Flex's compiled ``create_block_mask``
-on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference (`omni_hf.reference` with the layout's
+on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference (`omni_hf.ops.reference` with the layout's
 own dense mask), then for each peer check its output (and, with backward, its gradients) against the
 reference and only then time it: median ms by ``triton.testing.do_bench``, TFLOP/s over the allowed pairs
 (4 * D flops per pair forward, 2.5x that backward), peak memory. One progress line per case; at the end a
@@ -107,7 +107,7 @@ class Case:
         return build()
 
     def _time_collator(self) -> None:
-        from omni_hf.collator import OmniCollator
+        from omni_hf import OmniCollator
 
         samples = layouts.collator_samples(self.layout)
         for block in self.shape.blocks:
@@ -117,9 +117,9 @@ class Case:
             self.build_ms[f"collator b{block}"] = {"first": first, "median": median}
 
     def _reference(self):
-        """float32 out and (with backward) out, dq, dk, dv of `omni_hf.reference` on the layout's dense mask
+        """float32 out and (with backward) out, dq, dk, dv of `omni_hf.ops.reference` on the layout's dense mask
         (omni's own mask where the dense one did not fit)."""
-        from omni_hf import reference
+        from omni_hf.ops import reference
 
         mask = self.dense if self.dense is not None else self.omni_masks[-1]  # omni's mask is checked in tests
         qf, kf, vf = (t.float() for t in (self.q, self.k, self.v))
@@ -256,7 +256,7 @@ def environment() -> dict:
     import transformers
     import triton
 
-    from omni_hf import _cuda
+    from omni_hf.ops import library as _cuda
 
     lib = _cuda.library_path()
     data = lib.read_bytes()
@@ -332,7 +332,7 @@ def plan(args: argparse.Namespace) -> list[tuple[Shape, str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from omni_hf import _cuda
+    from omni_hf.ops import library as _cuda
 
     if not _cuda.available():
         raise SystemExit(f"omni_hf CUDA library unavailable: {_cuda._load_error()}")

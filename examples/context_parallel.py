@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers attn_implementation="omni")
 from omni_hf import OmniCollator
-from omni_hf.context_parallel import ContextParallel
+from omni_hf.distributed import ContextParallel
 
 
 def synthetic_samples(length: int, vocab: int, seed: int) -> list[dict]:

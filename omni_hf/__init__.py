@@ -1,9 +1,8 @@
 """omni_hf: typed block-sparse attention for interleaved text / image sequences."""
-from .collator import OmniCollator
+from .data import OmniCollator, VisionInputs
 from .integrations import register
 from .mask import BlockType, MaskKind, OmniBlockMask, token_ids_from_spans
 from .ops import omni_attention
-from .vision_inputs import VisionInputs
 
 __all__ = ["BlockType", "MaskKind", "OmniBlockMask", "OmniCollator", "VisionInputs", "omni_attention", "register",
            "token_ids_from_spans"]

@@ -1,8 +1,9 @@
-"""Independent dense definitions of the masks and of attention, readers of block lists written from DESIGN.md (not
+"""Independent dense definitions of the masks and of attention, readers of block lists written from docs/design.md (not
 from the code under test), and the random inputs of the differential tests; for tests only (S x S is fine here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -15,7 +16,7 @@ def causal_dense(q_len: int, kv_len: int) -> torch.Tensor:
 
 
 def token_rule_dense(doc: torch.Tensor, grp: torch.Tensor, q_len: int, window: int | None = None) -> torch.Tensor:
-    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in DESIGN.md (on doc's device)."""
+    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in docs/design.md (on doc's device)."""
     kv_len = doc.shape[-1]
     doc, grp = doc.long(), grp.long()
     i = torch.arange(kv_len - q_len, kv_len, device=doc.device)[:, None]
@@ -86,7 +87,7 @@ def placed_samples_dense(rows, width: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- reading masks back from their lists
 
-_MASKED, _FULL, _CAUSAL, _PARTIAL = 0, 1, 2, 3  # BlockType, as DESIGN.md numbers it
+_MASKED, _FULL, _CAUSAL, _PARTIAL = 0, 1, 2, 3  # BlockType, as docs/design.md numbers it
 
 
 def table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +109,7 @@ def table_from_lists(num, indices, types, partial, columns: int) -> tuple[torch.
 
 def dense_from_block_table(types, pool_ids, mask) -> torch.Tensor:
     """bool [B, H, q_len, kv_len]: every listed block of ``types`` [B, H, nQ, nK] filled tile by tile with the element
-    rule of DESIGN.md (FULL, CAUSAL at absolute positions, PARTIAL from the pool's bits or, with pool id -1, the
+    rule of docs/design.md (FULL, CAUSAL at absolute positions, PARTIAL from the pool's bits or, with pool id -1, the
     token rule over the mask's ids, or one document of text for an implicit mask); rows and keys past the lengths
     dropped."""
     q_len, kv_len, bq, bk = mask.q_len, mask.kv_len, mask.block_q, mask.block_kv
@@ -123,8 +124,8 @@ def dense_from_block_table(types, pool_ids, mask) -> torch.Tensor:
         if mask.implicit:  # their PARTIAL blocks are the window's cut through one document of text
             doc, grp = torch.zeros(1, kv_len, dtype=torch.int32), torch.full((1, kv_len), -1, dtype=torch.int32)
         else:
-            assert mask.doc_ids is not None, "PARTIAL blocks with pool id -1 need the token rule's ids"
-            doc, grp = mask.doc_ids.cpu(), mask.group_ids.cpu()
+            assert mask.token_rule is not None, "PARTIAL blocks with pool id -1 need the token rule's ids"
+            doc, grp = mask.token_rule.doc_ids.cpu(), mask.token_rule.group_ids.cpu()
         token = torch.zeros(doc.shape[0], nq * bq, nk * bk, dtype=torch.bool)
         token[:, :q_len, :kv_len] = token_rule_dense(doc, grp, q_len, mask.window)[:, 0]
     for b, h, r, c in torch.nonzero(types).tolist():
@@ -149,8 +150,8 @@ def block_mask_dense(mask) -> torch.Tensor:
     if mask.implicit:
         return dense_from_block_table(*mask.block_table(), mask)
     nq, nk = -(-mask.q_len // mask.block_q), -(-mask.kv_len // mask.block_kv)
-    rows = table_from_lists(mask.kv_num_blocks, mask.kv_indices, mask.kv_types, mask.kv_partial, nk)
-    cols = table_from_lists(mask.q_num_blocks, mask.q_indices, mask.q_types, mask.q_partial, nq)
+    rows = table_from_lists(mask.kv.num_blocks, mask.kv.indices, mask.kv.types, mask.kv.partial, nk)
+    cols = table_from_lists(mask.q.num_blocks, mask.q.indices, mask.q.types, mask.q.partial, nq)
     assert torch.equal(rows[0], cols[0].transpose(-1, -2)), "the column view lists other blocks or types"
     assert torch.equal(rows[1], cols[1].transpose(-1, -2)), "the column view lists other pool ids"
     return dense_from_block_table(*rows, mask)
@@ -258,3 +259,8 @@ def random_token_ids(batch: int, length: int, seed: int) -> tuple[torch.Tensor, 
             start = draw(0, length - 1)
             grp[b, start:start + draw(1, 300)] = draw(0, 7)
     return doc, grp
+
+
+def without_ranges(mask):
+    """``mask`` with its token rule's ranges dropped, so the kernels compare ids instead of testing ranges."""
+    return dataclasses.replace(mask, token_rule=dataclasses.replace(mask.token_rule, ranges=None))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_hf import _cuda
+from omni_hf.ops import library
 
 
 def is_hopper() -> bool:
     """True on a compute capability 9.0 GPU with the library."""
-    return _cuda.available() and torch.cuda.get_device_capability() == (9, 0)
+    return library.available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.fixture(autouse=True, params=("sm90", "sm80") if is_hopper() else ("default",))

@@ -12,16 +12,16 @@ Exits non-zero if an output is not finite.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from brute_force import packed_vlm_ids  # noqa: E402
+from brute_force import packed_vlm_ids, without_ranges  # noqa: E402
 from test_cuda_forward import random_block_dense  # noqa: E402
 
-from omni_hf import OmniBlockMask, _cuda  # noqa: E402
+from omni_hf import OmniBlockMask  # noqa: E402
+from omni_hf.ops import library  # noqa: E402
 
 
 def cases():
@@ -34,7 +34,7 @@ def cases():
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
                    150, 333, dim, 4, 2, 10.0)
     token_rule = OmniBlockMask.from_token_ids(doc, grp, q_len=150)  # ranges; without them the kernels compare ids
-    yield dataclasses.replace(token_rule, token_ranges=None), 150, 333, 128, 4, 2, None
+    yield without_ranges(token_rule), 150, 333, 128, 4, 2, None
     yield OmniBlockMask.causal(1, 333), 1, 333, 128, 2, 2, None
     # The decode path (at most 16 query rows per KV head): split keys with a merge, a window, softcap, empty rows.
     yield OmniBlockMask.causal(1, 2049), 1, 2049, 128, 8, 2, None
@@ -59,7 +59,7 @@ def main() -> int:
             q = torch.randn(2, heads_q, q_len, dim, generator=g, device="cuda", dtype=dtype)
             k = torch.randn(2, heads_kv, kv_len, dim, generator=g, device="cuda", dtype=dtype)
             v = torch.randn_like(k)
-            out, lse = _cuda.forward(q, k, v, mask, dim ** -0.5, softcap)
+            out, lse = library.forward(q, k, v, *mask.as_tuple(), dim ** -0.5, softcap)
             torch.cuda.synchronize()
             if not torch.isfinite(out).all() or torch.isnan(lse).any():
                 print(f"non-finite output: {dtype} q_len={q_len} dim={dim} blocks={mask.block_q}x{mask.block_kv}")

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, w
 
 from brute_force import causal_dense, token_rule_dense  # noqa: E402
 from benchmarks import layouts, measure, peers, report, run
-from omni_hf import reference  # noqa: E402
+from omni_hf.ops import reference  # noqa: E402
 
 
 def fresh_seed() -> int:
@@ -123,7 +123,7 @@ def test_vlm_layout_packs_documents_of_text_and_576_token_images():
 
 
 def test_collator_packs_the_vlm_layout_back_into_its_ids():
-    from omni_hf.collator import OmniCollator
+    from omni_hf import OmniCollator
 
     seq_len = random.randint(5000, 9000)
     layout = layouts.build("vlm", seq_len, fresh_seed())
@@ -463,7 +463,7 @@ def test_run_case_checks_every_peer_and_records_what_could_not_run(on_the_cpu, m
 
 
 def _cuda_ready() -> bool:
-    from omni_hf import _cuda
+    from omni_hf.ops import library as _cuda
 
     return _cuda.available()
 

@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import omni_hf.collator as collator_module
-from omni_hf.collator import OmniCollator
+import omni_hf.data.collator as collator_module
+from omni_hf.data import OmniCollator
 from omni_hf.mask import OmniBlockMask
 
 PAD = 0
@@ -168,7 +168,7 @@ def test_mask_equals_brute_force_definition_from_samples(batch_and_options):
     batch = OmniCollator(PAD, return_block_mask=True, block_size=64, **options)(samples)
     expected = expected_mask(decode(batch, samples, split_length(options)), samples)
     mask = batch["omni_block_mask"]  # OmniBlockMask.from_token_ids of the batch's ids
-    assert torch.equal(mask.doc_ids, batch["omni_doc_ids"]) and torch.equal(mask.group_ids, batch["omni_group_ids"])
+    assert torch.equal(mask.token_rule.doc_ids, batch["omni_doc_ids"]) and torch.equal(mask.token_rule.group_ids, batch["omni_group_ids"])
     assert (mask.block_q, mask.block_kv) == (64, 64)
     assert np.array_equal(mask.to_dense()[:, 0].numpy(), expected)
 
@@ -428,7 +428,7 @@ def assert_batches_equal(got: dict, expected: dict) -> None:
     for key, value in expected.items():
         if isinstance(value, OmniBlockMask):
             assert torch.equal(got[key].to_dense(), value.to_dense())
-            assert torch.equal(got[key].kv_indices, value.kv_indices)
+            assert torch.equal(got[key].kv.indices, value.kv.indices)
         else:
             assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import omni_hf  # noqa: F401  (registers "omni")
 from brute_force import random_token_ids, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, OmniCollator, omni_attention
-from omni_hf.context_parallel import ContextParallel, allowed_keys_per_query, balanced_bounds
+from omni_hf.distributed import ContextParallel, allowed_keys_per_query, balanced_bounds
 
 LENGTH = 600
 

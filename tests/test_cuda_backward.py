@@ -17,17 +17,16 @@ compute-sanitizer: ``python tests/test_cuda_backward.py``.
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
 from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
-from omni_hf import _cuda, reference
-from omni_hf.mask import OmniBlockMask
-from omni_hf.token_ranges import RANGE_INEXACT
+from brute_force import without_ranges
+from omni_hf.mask import RANGE_INEXACT, OmniBlockMask
+from omni_hf.ops import library, reference
 
-pytestmark = pytest.mark.skipif(not _cuda.available(), reason="needs a CUDA device and the omni_hf CUDA library")
+pytestmark = pytest.mark.skipif(not library.available(), reason="needs a CUDA device and the omni_hf CUDA library")
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error (see the module docstring)
 
@@ -36,9 +35,9 @@ ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error (see the modu
 def poisoned_outputs():
     """The op fills dq, dk, dv and its workspace with NaN before the kernels run; the checks then prove every
     element was written (they compare all of them and require finite values)."""
-    _cuda.set_poison_outputs(True)
+    library.set_poison_outputs(True)
     yield
-    _cuda.set_poison_outputs(False)
+    library.set_poison_outputs(False)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -135,7 +134,7 @@ def _check(dout, q, k, v, mask, *, scale=None, softcap=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = mask.to("cuda")
     gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, softcap)
-    got = _cuda.backward(dout, q, k, v, out, lse, mask, scale, softcap)
+    got = library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), scale, softcap)
     _assert_gradients(got, gold, ref, _structural_zeros(mask, q.shape[0], q.shape[1], k.shape[1]))
 
 
@@ -182,12 +181,12 @@ def test_token_ranges_give_the_gradients_of_the_ids(window):
     doc, grp = _token_ids(2, 1100, seed=17)
     doc[1, 800:900] = 0
     mask = OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window)
-    assert (mask.token_ranges[0] != RANGE_INEXACT).all() and (mask.token_ranges[1] == RANGE_INEXACT).all()
+    assert (mask.token_rule.ranges[0] != RANGE_INEXACT).all() and (mask.token_rule.ranges[1] == RANGE_INEXACT).all()
     _check(dout, q, k, v, mask)
     scale = q.shape[-1] ** -0.5
     out, lse = reference.attention_forward(q, k, v, mask, scale, None)
-    _, *dkv_ranges = _cuda.backward(dout, q, k, v, out, lse, mask, scale, None)
-    _, *dkv_ids = _cuda.backward(dout, q, k, v, out, lse, dataclasses.replace(mask, token_ranges=None), scale, None)
+    _, *dkv_ranges = library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), scale, None)
+    _, *dkv_ids = library.backward(dout, q, k, v, out, lse, *without_ranges(mask).as_tuple(), scale, None)
     assert all(torch.equal(a, b) for a, b in zip(dkv_ranges, dkv_ids))
 
 
@@ -270,9 +269,9 @@ def test_backward_outputs_keep_the_layout_of_their_inputs():
     gen = torch.Generator("cuda").manual_seed(4)
     q, k, v, dout = _qkv(2, 8, 2, 300, 300, 64, torch.bfloat16, bshd=True, gen=gen)
     out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300), 0.125)
-    grads = _cuda.backward(dout, q, k, v, out, lse, OmniBlockMask.causal(300), 0.125, None)
+    grads = library.backward(dout, q, k, v, out, lse, *OmniBlockMask.causal(300).as_tuple(), 0.125, None)
     for grad, t in zip(grads, (q, k, v)):
-        assert grad.stride() == _cuda.output_strides(t) and grad.transpose(1, 2).is_contiguous()
+        assert grad.stride() == library.output_strides(t) and grad.transpose(1, 2).is_contiguous()
 
 
 def test_library_errors_name_the_failed_check():
@@ -281,7 +280,7 @@ def test_library_errors_name_the_failed_check():
     mask = OmniBlockMask.causal(128, block_q=64, block_kv=64)
     out, lse = reference.attention_forward(q, k, v, mask, 0.125)
     with pytest.raises(RuntimeError, match="omni_bwd failed: head_dim.*head_dim=96"):
-        _cuda.backward(dout, q, k, v, out, lse, mask, 0.125, None)
+        library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), 0.125, None)
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
@@ -294,7 +293,7 @@ def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(ker
 
     def main_kernels(block_q, block_kv):
         mask = OmniBlockMask.causal(300, 300, block_q=block_q, block_kv=block_kv)
-        names = kernel_names(lambda: _cuda.backward(dout, q, k, v, out, lse, mask, 0.125, None), "bwd")
+        names = kernel_names(lambda: library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), 0.125, None), "bwd")
         return [n for n in names if "preprocess" not in n and "convert" not in n]
 
     for block_q in (64, 128):

@@ -11,10 +11,11 @@ import torch
 
 from brute_force import relative_error
 from gpu_paths import kernel_names
-from omni_hf import OmniBlockMask, _cuda, omni_attention, reference
+from omni_hf import OmniBlockMask, omni_attention
+from omni_hf.ops import library, reference
 from test_cuda_forward import LSE_ATOL_SOFTCAP, _qkv, assert_matches_reference, poisoned_outputs  # noqa: F401
 
-pytestmark = pytest.mark.skipif(not _cuda.available(), reason="CUDA device or omni_hf CUDA library unavailable")
+pytestmark = pytest.mark.skipif(not library.available(), reason="CUDA device or omni_hf CUDA library unavailable")
 
 STEP_KEYS = 128  # keys per step of the slice kernel (its thread count)
 

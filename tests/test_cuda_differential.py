@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from brute_force import random_token_ids, relative_error, token_rule_dense
-from omni_hf import OmniBlockMask, omni_attention, reference
+from omni_hf import OmniBlockMask, omni_attention
+from omni_hf.ops import reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -5,19 +5,19 @@ rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
 import pytest
 import torch
 
-from brute_force import packed_vlm_ids
+from brute_force import packed_vlm_ids, without_ranges
 from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
-from omni_hf import OmniBlockMask, _cuda, reference
-from omni_hf.token_ranges import RANGE_INEXACT
+from omni_hf import OmniBlockMask
+from omni_hf.mask import RANGE_INEXACT
+from omni_hf.ops import library, reference
 
-pytestmark = pytest.mark.skipif(not _cuda.available(), reason="CUDA device or omni_hf CUDA library unavailable")
+pytestmark = pytest.mark.skipif(not library.available(), reason="CUDA device or omni_hf CUDA library unavailable")
 
 DTYPES = (torch.float16, torch.bfloat16)
 OUT_TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
@@ -29,9 +29,9 @@ BLOCKS = ((128, 128), (64, 64), (64, 128), (128, 64))
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs():
-    _cuda.set_poison_outputs(True)
+    library.set_poison_outputs(True)
     yield
-    _cuda.set_poison_outputs(False)
+    library.set_poison_outputs(False)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -53,9 +53,9 @@ def _qkv(batch, heads_q, heads_kv, q_len, kv_len, dim, dtype, seed, bshd=False):
 def assert_matches_reference(q, k, v, mask, *, scale=None, softcap=None, ref_mask=None, lse_atol=LSE_ATOL):
     """Runs the kernel and the reference; checks every element of out and lse."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, lse = _cuda.forward(q, k, v, mask, scale, softcap)
+    out, lse = library.forward(q, k, v, *mask.as_tuple(), scale, softcap)
     ref_out, ref_lse = reference.attention_forward(q, k, v, mask if ref_mask is None else ref_mask, scale, softcap)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == _cuda.output_strides(q)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == library.output_strides(q)
     assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
     assert torch.isfinite(out).all(), "the kernel left NaN / inf in out"
     assert not torch.isnan(lse).any(), "the kernel left NaN in lse"
@@ -89,8 +89,8 @@ def test_random_mixture_of_every_block_type(dtype, dim, blocks):
     q_len, kv_len = (1000, 1000) if block_q == block_kv else (700, 1000)
     dense = random_block_dense(1, 4, q_len, kv_len, block_q, block_kv, seed=dim + block_q + block_kv)
     mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
-    active = torch.arange(mask.kv_indices.shape[-1], device="cuda") < mask.kv_num_blocks[..., None]
-    types = set(mask.kv_types[active].tolist())
+    active = torch.arange(mask.kv.indices.shape[-1], device="cuda") < mask.kv.num_blocks[..., None]
+    types = set(mask.kv.types[active].tolist())
     assert {1, 2, 3} <= types, f"the draw should hold FULL, CAUSAL and PARTIAL blocks, got {types}"
     q, k, v = _qkv(2, 4, 2, q_len, kv_len, dim, dtype, seed=1)
     assert_matches_reference(q, k, v, mask, ref_mask=dense)
@@ -132,10 +132,10 @@ def test_token_ranges_mask_exactly_as_the_ids_do(window, q_len):
     doc, grp = packed_vlm_ids(2, 2000, seed=31, device="cuda")
     doc[1, 1500:1600] = 0
     mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
-    assert (mask.token_ranges[0] != RANGE_INEXACT).all() and (mask.token_ranges[1] == RANGE_INEXACT).all()
+    assert (mask.token_rule.ranges[0] != RANGE_INEXACT).all() and (mask.token_rule.ranges[1] == RANGE_INEXACT).all()
     q, k, v = _qkv(2, 8, 2, q_len, 2000, 128, torch.bfloat16, seed=5)
     out, lse = assert_matches_reference(q, k, v, mask)
-    by_ids = _cuda.forward(q, k, v, dataclasses.replace(mask, token_ranges=None), q.shape[-1] ** -0.5, None)
+    by_ids = library.forward(q, k, v, *without_ranges(mask).as_tuple(), q.shape[-1] ** -0.5, None)
     assert torch.equal(out, by_ids[0]) and torch.equal(lse, by_ids[1])
 
 
@@ -187,7 +187,7 @@ def test_concurrent_calls_on_two_streams_each_get_every_work_item():
     for _ in range(3):
         for i, (stream, (q, k, v)) in enumerate(zip(streams, inputs)):
             with torch.cuda.stream(stream):
-                results[i].append(_cuda.forward(q, k, v, mask, 128 ** -0.5, None))
+                results[i].append(library.forward(q, k, v, *mask.as_tuple(), 128 ** -0.5, None))
     torch.cuda.synchronize()
     for (q, k, v), outs in zip(inputs, results):
         want_out, want_lse = assert_matches_reference(q, k, v, mask)
@@ -247,9 +247,9 @@ def test_token_ids_broadcast_over_the_batch():
 def test_unsupported_head_dim_is_reported_and_the_library_names_the_check():
     mask = OmniBlockMask.causal(64)
     q, k, v = _qkv(1, 1, 1, 64, 64, 96, torch.bfloat16, seed=14)
-    assert "head dim 96" in _cuda.unsupported_reason(q, mask)
+    assert "head dim 96" in library.unsupported_reason(q, mask.as_tuple()[1])
     with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=96"):
-        _cuda.forward(q, k, v, mask, 0.1, None)
+        library.forward(q, k, v, *mask.as_tuple(), 0.1, None)
 
 
 def test_misaligned_inputs_are_copied_and_give_the_reference_result():
@@ -260,7 +260,7 @@ def test_misaligned_inputs_are_copied_and_give_the_reference_result():
     k = storage[..., :128]
     v = torch.randn(1, 1, 64 * 130, device="cuda", dtype=torch.float16, generator=_gen(16))[..., :64 * 129]
     v = v.view(1, 1, 64, 129)[..., :128]  # rows of 129 elements: strides not multiples of 8
-    assert _cuda.unsupported_reason(q, mask) is None
+    assert library.unsupported_reason(q, mask.as_tuple()[1]) is None
     assert_matches_reference(q, k, v, mask)
 
 
@@ -283,7 +283,7 @@ def test_implicit_full_mask_matches_reference(q_len, kv_len, dim):
 
 
 def _forward_kernel_names(q, k, v, mask) -> list[str]:
-    return kernel_names(lambda: _cuda.forward(q, k, v, mask, q.shape[-1] ** -0.5, None), "fwd_kernel")
+    return kernel_names(lambda: library.forward(q, k, v, *mask.as_tuple(), q.shape[-1] ** -0.5, None), "fwd_kernel")
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")

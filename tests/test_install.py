@@ -58,7 +58,7 @@ def pip(python: Path, env: dict, *args: str) -> None:
 
 def first_call_library(python: Path, env: dict, cwd: Path) -> Path:
     """The library the installed omni_hf would load first (resolving it builds nothing when one was installed)."""
-    out = subprocess.run([str(python), "-c", "from omni_hf import _cuda; print(_cuda.library_path())"], env=env,
+    out = subprocess.run([str(python), "-c", "from omni_hf.ops import library; print(library.library_path())"], env=env,
                          cwd=cwd, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 

@@ -152,7 +152,7 @@ def test_main_prints_the_table_from_the_children(monkeypatch, capsys, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_measure_case_on_the_gpu(which):
-    from omni_hf import _cuda
+    from omni_hf.ops import library as _cuda
 
     if not _cuda.available():
         pytest.skip("the omni_hf CUDA library is not available")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from brute_force import causal_dense, packed_vlm_ids, random_token_ids, spans_dense, token_rule_dense
 from omni_hf import BlockType, OmniBlockMask, token_ids_from_spans
-from omni_hf.token_ranges import RANGE_INEXACT, token_ranges
+from omni_hf.mask import RANGE_INEXACT, token_ranges
 
 SETTINGS = settings(max_examples=40, deadline=None)
 block_sizes = st.sampled_from([64, 128])
@@ -144,9 +144,9 @@ def test_from_dense_classifies_tightest_and_round_trips(sizes, block_q, block_kv
 def test_from_dense_keeps_pool_ids_on_their_blocks_across_row_chunks_with_batch_and_heads(monkeypatch):
     """Regression: pool patterns were concatenated chunk by chunk but assigned in batch-major order, so a mask
     of batch x heads > 1 classified in several row chunks came back wrong (issue 14)."""
-    import omni_hf.mask as mask_module
+    import omni_hf.mask.dense as dense_module
 
-    monkeypatch.setattr(mask_module, "_DENSE_CHUNK_ELEMENTS", 2 * 3 * 64 * 300)  # one block row per chunk
+    monkeypatch.setattr(dense_module, "DENSE_CHUNK_ELEMENTS", 2 * 3 * 64 * 300)  # one block row per chunk
     dense = torch.rand(2, 3, 300, 300, generator=torch.Generator().manual_seed(3)) < 0.9
     mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
     mask.validate()
@@ -177,7 +177,7 @@ def test_from_dense_deduplicates_identical_partial_blocks():
     dense = pattern.repeat(3, 3)  # nine identical partial blocks
     mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
     assert mask.partial_pool.shape[0] == 1
-    assert int(mask.kv_num_blocks.sum()) == 9
+    assert int(mask.kv.num_blocks.sum()) == 9
     assert torch.equal(mask.to_dense()[0, 0], dense)
 
 
@@ -196,9 +196,9 @@ def test_from_mask_fn_matches_mask_mod(sizes, block_q, block_kv, period):
 
 
 def test_from_mask_fn_evaluates_tile_rows_not_the_whole_grid(monkeypatch):
-    import omni_hf.mask as mask_module
+    import omni_hf.mask.dense as dense_module
 
-    monkeypatch.setattr(mask_module, "_DENSE_CHUNK_ELEMENTS", 128 * 1000)
+    monkeypatch.setattr(dense_module, "DENSE_CHUNK_ELEMENTS", 128 * 1000)
     seen = []
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -271,11 +271,11 @@ def test_column_view_lists_the_same_blocks_as_the_row_view():
     row_types, _ = mask.block_table()
     for b in range(2):
         for kb in range(mask.num_kv_blocks):
-            count = int(mask.q_num_blocks[b, 0, kb])
-            listed = mask.q_indices[b, 0, kb, :count].tolist()
+            count = int(mask.q.num_blocks[b, 0, kb])
+            listed = mask.q.indices[b, 0, kb, :count].tolist()
             assert listed == sorted(listed)
             assert listed == torch.nonzero(row_types[b, 0, :, kb] != BlockType.MASKED).flatten().tolist()
-            assert mask.q_types[b, 0, kb, :count].tolist() == row_types[b, 0, listed, kb].tolist()
+            assert mask.q.types[b, 0, kb, :count].tolist() == row_types[b, 0, listed, kb].tolist()
 
 
 def test_token_ids_shapes_depend_only_on_sizes():
@@ -303,7 +303,7 @@ def test_to_and_pin_memory_keep_the_mask():
     assert torch.equal(moved.to_dense(), mask.to_dense())
     if torch.cuda.is_available():
         pinned = mask.pin_memory()
-        assert pinned.kv_indices.is_pinned() and torch.equal(pinned.to_dense(), mask.to_dense())
+        assert pinned.kv.indices.is_pinned() and torch.equal(pinned.to_dense(), mask.to_dense())
 
 
 def test_flex_round_trip_keeps_the_element_rule():
@@ -336,8 +336,11 @@ def test_from_flex_matches_create_block_mask_semantics():
 # ---------------------------------------------------------------------- validate
 
 
-def corrupt(mask: OmniBlockMask, **changes) -> OmniBlockMask:
-    return dataclasses.replace(mask, **changes)
+def corrupt(mask: OmniBlockMask, part: str, **changes) -> OmniBlockMask:
+    """``mask`` with fields of its named part (``kv``, ``q``, ``token_rule``, or ``mask`` itself) changed."""
+    if part == "mask":
+        return dataclasses.replace(mask, **changes)
+    return dataclasses.replace(mask, **{part: dataclasses.replace(getattr(mask, part), **changes)})
 
 
 def test_validate_reports_each_broken_invariant():
@@ -345,28 +348,28 @@ def test_validate_reports_each_broken_invariant():
     dense[0, 0, :64, :64] = torch.rand(64, 64, generator=torch.Generator().manual_seed(4)) < 0.5  # one pooled block
     mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
     mask.validate()
-    row = int(torch.nonzero(mask.kv_num_blocks[0, 0] >= 2)[0])
-    bad_index = mask.kv_indices.clone()
+    row = int(torch.nonzero(mask.kv.num_blocks[0, 0] >= 2)[0])
+    bad_index = mask.kv.indices.clone()
     bad_index[0, 0, row, 0] = 99
-    with pytest.raises(ValueError, match="kv_indices: expected active indices in"):
-        corrupt(mask, kv_indices=bad_index).validate()
-    swapped = mask.kv_indices.clone()
+    with pytest.raises(ValueError, match="kv.indices: expected active indices in"):
+        corrupt(mask, "kv", indices=bad_index).validate()
+    swapped = mask.kv.indices.clone()
     swapped[0, 0, row, :2] = swapped[0, 0, row, :2].flip(0)
     with pytest.raises(ValueError, match="ascending"):
-        corrupt(mask, kv_indices=swapped).validate()
-    with pytest.raises(ValueError, match="kv_num_blocks: expected counts"):
-        corrupt(mask, kv_num_blocks=mask.kv_num_blocks + 10).validate()
-    bad_pool = torch.where(mask.kv_types == BlockType.PARTIAL, 7, mask.kv_partial)
-    with pytest.raises(ValueError, match="kv_partial: expected pool ids"):
-        corrupt(mask, kv_partial=bad_pool).validate()
+        corrupt(mask, "kv", indices=swapped).validate()
+    with pytest.raises(ValueError, match="kv.num_blocks: expected counts"):
+        corrupt(mask, "kv", num_blocks=mask.kv.num_blocks + 10).validate()
+    bad_pool = torch.where(mask.kv.types == BlockType.PARTIAL, 7, mask.kv.partial)
+    with pytest.raises(ValueError, match="kv.partial: expected pool ids"):
+        corrupt(mask, "kv", partial=bad_pool).validate()
     with pytest.raises(ValueError, match="column view"):
-        corrupt(mask, q_types=torch.where(mask.q_types == BlockType.FULL, BlockType.CAUSAL, mask.q_types).to(torch.int8)).validate()
+        corrupt(mask, "q", types=torch.where(mask.q.types == BlockType.FULL, BlockType.CAUSAL, mask.q.types).to(torch.int8)).validate()
     token_mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 100]), torch.tensor([[-1] * 50 + [0] * 100 + [-1] * 50]),
                                               block_q=64, block_kv=64)
     with pytest.raises(ValueError, match="token rule"):
-        corrupt(token_mask, doc_ids=None).validate()
+        corrupt(token_mask, "mask", token_rule=None).validate()
     with pytest.raises(ValueError, match="partial_pool"):
-        corrupt(mask, partial_pool=mask.partial_pool[:, :32]).validate()
+        corrupt(mask, "mask", partial_pool=mask.partial_pool[:, :32]).validate()
 
 
 @pytest.mark.parametrize("call, message", [
@@ -401,18 +404,18 @@ def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build(backend,
         mask = OmniBlockMask.from_token_ids(doc_gpu, grp_gpu, q_len=4000, window=2048)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for field in dataclasses.fields(mask):
-        value = getattr(mask, field.name)
-        if isinstance(value, torch.Tensor):
-            assert value.is_cuda and torch.equal(value.cpu(), getattr(expected, field.name)), field.name
+    (tensors, sizes), (expected_tensors, expected_sizes) = mask.as_tuple(), expected.as_tuple()
+    assert sizes == expected_sizes
+    for index, (value, want) in enumerate(zip(tensors, expected_tensors, strict=True)):
+        assert value.is_cuda and torch.equal(value.cpu(), want), index
 
 
 def _library_builds_token_masks() -> bool:
     if not torch.cuda.is_available():
         return False
-    from omni_hf import _cuda
+    from omni_hf.ops import library
 
-    return _cuda.available()
+    return library.available()
 
 
 @pytest.mark.gpu
@@ -427,14 +430,16 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
     window = data.draw(st.one_of(st.none(), st.integers(1, 3000)))
     args = dict(q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
     expected = OmniBlockMask.from_token_ids(doc, grp, **args)
-    from omni_hf import _cuda
+    from omni_hf.ops import library
 
-    built = _cuda.token_mask(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
+    built = library.token_mask(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
     mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda(), **args)
-    for name, value in zip(("kv_num_blocks", "kv_indices", "kv_types", "kv_partial", "q_num_blocks", "q_indices",
-                            "q_types", "q_partial", "token_ranges"), built, strict=True):
-        assert torch.equal(value.cpu(), getattr(expected, name)), name
-        assert torch.equal(getattr(mask, name).cpu(), getattr(expected, name)), name
+    expected_tensors, _ = expected.as_tuple()
+    wanted = [*expected_tensors[:8], expected_tensors[-1]]  # the two views, then the token ranges
+    for index, (value, want) in enumerate(zip(built, wanted, strict=True)):
+        assert torch.equal(value.cpu(), want), index
+    for index, (value, want) in enumerate(zip(mask.as_tuple()[0], expected_tensors, strict=True)):
+        assert torch.equal(value.cpu(), want), index
     mask.validate()
 
 
@@ -449,9 +454,9 @@ def test_library_token_ranges_equal_the_pytorch_ones_across_scan_chunks(length, 
     doc, grp = (packed_vlm_ids(3, length, seed=length, doc_range=(100, 9000), image_range=(30, 5000), gaps=True)
                 if ids == "packed" else random_token_ids(3, length, seed=length))
     expected = token_ranges(doc, grp, window)
-    from omni_hf import _cuda
+    from omni_hf.ops import library
 
-    *_, built = _cuda.token_mask(doc.cuda(), grp.cuda(), length, 128, 128, window)
+    *_, built = library.token_mask(doc.cuda(), grp.cuda(), length, 128, 128, window)
     assert torch.equal(built.cpu(), expected)
     if ids == "packed":
         assert bool((expected != RANGE_INEXACT).all())

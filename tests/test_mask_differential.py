@@ -4,7 +4,7 @@ off the block grid, padding, rows with no allowed key and windows. The internal 
 the reference are shrunk to a few block rows (or a few query rows), so that small cases cross them; the defaults
 run too, and a few cases run at real size.
 
-Masks are read back from their block lists by `brute_force.block_mask_dense` (written from DESIGN.md, not from the
+Masks are read back from their block lists by `brute_force.block_mask_dense` (written from docs/design.md, not from the
 code under test) and also through `dense_rows` over uneven row ranges, the view the reference attends with.
 """
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch.nn.attention import flex_attention as flex
 from transformers import masking_utils as hf
 
-import omni_hf.mask as mask_module
+import omni_hf.mask.dense as dense_module
 from brute_force import (
     block_mask_dense,
     causal_dense,
@@ -31,9 +31,11 @@ from brute_force import (
     tightest_block_types,
     token_rule_dense,
 )
-from omni_hf import OmniBlockMask, omni_attention, reference
-from omni_hf.collator import OmniCollator
-from omni_hf.integrations.transformers import _layer_mask, omni_attention_forward, omni_mask
+from omni_hf import OmniBlockMask, omni_attention
+from omni_hf.ops import reference
+from omni_hf.data import OmniCollator
+from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
+from omni_hf.integrations.transformers.attention import _layer_mask
 
 BLOCKS = ((64, 64), (128, 128), (64, 128), (128, 64))
 CHUNK_ROWS = (None, 1, 2, 3)  # block rows per builder chunk; None: the default
@@ -49,7 +51,7 @@ def rng(seed: int):
 def shrink_builder_chunks(monkeypatch, block_rows, batch, heads, block_q, kv_len) -> None:
     """`_from_row_function` (from_dense, from_mask_fn, from_flex) classifies ``block_rows`` block rows per chunk."""
     if block_rows is not None:
-        monkeypatch.setattr(mask_module, "_DENSE_CHUNK_ELEMENTS", block_rows * batch * heads * block_q * kv_len)
+        monkeypatch.setattr(dense_module, "DENSE_CHUNK_ELEMENTS", block_rows * batch * heads * block_q * kv_len)
 
 
 def shrink_reference_chunks(monkeypatch, rows, batch, heads_q, kv_len) -> None:
@@ -219,7 +221,7 @@ def test_from_dense_is_exact_and_tightest_across_row_chunks_with_batch_and_heads
     mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
     assert_mask_is(mask, dense, seed=seed)
     nk = -(-kv_len // block_kv)
-    types, pool_ids = table_from_lists(mask.kv_num_blocks, mask.kv_indices, mask.kv_types, mask.kv_partial, nk)
+    types, pool_ids = table_from_lists(mask.kv.num_blocks, mask.kv.indices, mask.kv.types, mask.kv.partial, nk)
     assert torch.equal(types, tightest_block_types(dense, block_q, block_kv))
     pool = mask.partial_pool
     assert torch.unique(pool.flatten(1), dim=0).shape[0] == pool.shape[0], "the pool holds a pattern twice"
@@ -717,7 +719,7 @@ def test_from_dense_is_exact_at_real_size_across_default_chunks():
     """2 x 2 heads x 4097 tokens: five default row chunks of eight block rows, a pool shared across them."""
     dense = random_dense(2, 2, 4097, 4097, 128, 128, seed=4097)
     mask = OmniBlockMask.from_dense(dense)
-    assert mask_module._DENSE_CHUNK_ELEMENTS // (2 * 2 * 128 * 4097) < mask.num_q_blocks // 2  # several chunks
+    assert dense_module.DENSE_CHUNK_ELEMENTS // (2 * 2 * 128 * 4097) < mask.num_q_blocks // 2  # several chunks
     assert_mask_is(mask, dense, row_ranges=REAL_SIZE_ROWS)
 
 

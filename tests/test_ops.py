@@ -112,8 +112,9 @@ def bad_inputs():
         ("mask batch", (q[:1], k[:1], v[:1], mask), {}, ValueError, "block_mask: expected batch 1 or 1"),
         ("mask heads", (q, k, v, OmniBlockMask.from_dense(torch.ones(1, 3, 200, 200, dtype=torch.bool))), {},
          ValueError, "block_mask: expected heads 1 or Hq=4"),
-        ("doc ids batch", (q, k, v, dataclasses.replace(mask, doc_ids=torch.zeros(3, 200, dtype=torch.int32))), {},
-         ValueError, "block_mask.doc_ids: expected batch"),
+        ("doc ids batch", (q, k, v, dataclasses.replace(mask, token_rule=dataclasses.replace(
+            mask.token_rule, doc_ids=torch.zeros(3, 200, dtype=torch.int32)))), {},
+         ValueError, "block_mask.token_rule.doc_ids: expected batch"),
         ("scale", (q, k, v, mask), {"scale": float("nan")}, ValueError, "scale: expected a finite float"),
         ("softcap", (q, k, v, mask), {"softcap": -1.0}, ValueError, "softcap: expected a positive"),
     ]

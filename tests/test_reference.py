@@ -9,8 +9,8 @@ import torch
 
 from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
-from omni_hf import reference
-from omni_hf.reference import attention_backward, attention_forward
+from omni_hf.ops import reference
+from omni_hf.ops.reference import attention_backward, attention_forward
 
 
 def random_case(batch, heads_q, heads_kv, q_len, kv_len, dim, seed):
@@ -108,7 +108,7 @@ def test_sixteen_k_tokens_run_without_an_s_by_s_buffer():
         import resource
         import torch
         from omni_hf import OmniBlockMask
-        from omni_hf.reference import attention_forward
+        from omni_hf.ops.reference import attention_forward
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, 1, 16384, 16) for _ in range(3))
         mask = OmniBlockMask.causal(16384)

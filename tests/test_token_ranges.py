@@ -5,6 +5,8 @@ told apart by a run-by-run reading of the ids written here, not by the code unde
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from brute_force import packed_vlm_ids, random_token_ids, token_rule_dense
 from omni_hf import OmniBlockMask
-from omni_hf.token_ranges import RANGE_INEXACT, token_ranges
+from omni_hf.mask import RANGE_INEXACT, token_ranges
 
 SETTINGS = settings(max_examples=80, deadline=None)
 WINDOWS = st.one_of(st.none(), st.integers(1, 300))
@@ -104,10 +106,11 @@ def test_real_size_ranges_match_the_rule_on_sampled_rows():
 def test_from_token_ids_carries_ranges_and_validate_rejects_stale_ones():
     doc, grp = packed_vlm_ids(2, 300, seed=3, gaps=True)
     mask = OmniBlockMask.from_token_ids(doc, grp, window=50)
-    assert torch.equal(mask.token_ranges, token_ranges(doc, grp, 50))
+    assert torch.equal(mask.token_rule.ranges, token_ranges(doc, grp, 50))
     mask.validate()
-    stale = OmniBlockMask(**{**mask.__dict__, "window": 60})
-    with pytest.raises(ValueError, match="token_ranges: differs"):
+    stale = dataclasses.replace(mask, window=60)
+    with pytest.raises(ValueError, match="token_rule.ranges: differs"):
         stale.validate()
-    with pytest.raises(ValueError, match="token_ranges: expected int32"):
-        OmniBlockMask(**{**mask.__dict__, "token_ranges": mask.token_ranges[:, :-1]}).validate()
+    cut = dataclasses.replace(mask.token_rule, ranges=mask.token_rule.ranges[:, :-1])
+    with pytest.raises(ValueError, match="token_rule.ranges: expected int32"):
+        dataclasses.replace(mask, token_rule=cut).validate()

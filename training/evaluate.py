@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from omni_hf import OmniCollator
+from omni_hf.integrations.transformers.other_backends import attention_kwargs
 
 from .data import TASKS, SampleEncoder, SceneConfig
-from .masks import attention_kwargs
 from .model import VLM
 from .tokenizer import WordTokenizer
 
@@ -34,7 +34,7 @@ class Evaluator:
     Args:
         samples: encoded samples; ``prompt_length`` splits each into prompt and answer (+ ``<eos>``).
         tasks: the task name of each sample (one of ``TASKS``), for per-task accuracy.
-        attn, mask: the backend and mask of the run (see `training.masks`).
+        attn, mask: the backend and mask of the run (see `omni_hf.integrations.transformers.other_backends`).
         pad_token_id, eos_token_id: of the tokenizer.
         batch_size: samples per forward pass (padded, one per row).
     """

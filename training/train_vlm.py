@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 
 import omni_hf  # noqa: F401  (registers attn_implementation="omni")
 from omni_hf import OmniCollator
+from omni_hf.integrations.transformers.other_backends import BACKENDS, MASKS, attention_kwargs
 
 from .data import SampleEncoder, SceneConfig, make_split, make_tokenizer
 from .evaluate import Evaluator, held_out_evaluator, question_prior_accuracy, summarise, token_loss
-from .masks import BACKENDS, MASKS, attention_kwargs
 from .model import VLM, LMShape, VisionConfig, build_lm, load_lm
 from .report import plot
 

@@ -1,7 +1,7 @@
 """`omni_attention`: input checks, backend dispatch and autograd.
 
 Two backends run a call: the CUDA library's ops (``omni_hf::fwd`` / ``omni_hf::bwd``, registered in C++ with
-fake implementations, `omni_hf._cuda`) where they can run it, otherwise the exact PyTorch reference (wrapped in the
+fake implementations, `omni_hf.ops.library`) where they can run it, otherwise the exact PyTorch reference (wrapped in the
 custom ops ``omni_hf::reference_forward`` / ``omni_hf::reference_backward`` for ``torch.compile``, called directly
 in eager mode). ``OMNI_HF_BACKEND=cuda|reference`` forces one. One `torch.autograd.Function` ties forward and
 backward together, so ``torch.compile(fullgraph=True)`` traces a training step without a graph break; a call
@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from . import _cuda, reference
-from .mask import OmniBlockMask
+from ..mask import OmniBlockMask
+from . import library, reference
 
 __all__ = ["omni_attention"]
 
@@ -60,8 +60,8 @@ def omni_attention(
     _check_inputs(q, k, v, block_mask, scale, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     softcap = float(softcap or 0.0)
-    backend = _backend(q, block_mask)
-    tensors, sizes = block_mask._op_args()
+    tensors, sizes = block_mask.as_tuple()
+    backend = _backend(q, sizes)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale, softcap)
     else:
@@ -75,29 +75,29 @@ _CUDA, _REFERENCE = "cuda", "reference"
 
 
 def _forward(backend: str, q, k, v, mask_tensors, mask_sizes, scale: float, softcap: float):
-    """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask._op_args`; the reference runs as its
+    """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask.as_tuple`; the reference runs as its
     custom op while compiling (opaque to Dynamo)."""
     if backend == _CUDA:
-        return _cuda.forward_flat(q, k, v, mask_tensors, mask_sizes, scale, softcap)
+        return library.forward(q, k, v, mask_tensors, mask_sizes, scale, softcap)
     if torch.compiler.is_compiling():
         return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap)
-    return reference.attention_forward(q, k, v, OmniBlockMask._from_op_args(mask_tensors, mask_sizes), scale,
+    return reference.attention_forward(q, k, v, OmniBlockMask.from_tuple(mask_tensors, mask_sizes), scale,
                                        softcap or None)
 
 
 def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
     """(dq, dk, dv) of ``backend`` from the forward's out and lse."""
     if backend == _CUDA:
-        return _cuda.backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
+        return library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
     if torch.compiler.is_compiling():
         return reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
-    return reference.attention_backward(dout, q, k, v, out, lse, OmniBlockMask._from_op_args(mask_tensors, mask_sizes),
+    return reference.attention_backward(dout, q, k, v, out, lse, OmniBlockMask.from_tuple(mask_tensors, mask_sizes),
                                         scale, softcap or None)
 
 
 class _Attention(torch.autograd.Function):
     """Autograd of `omni_attention`: ``forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap)
-    -> (out, lse)``; lse is not differentiable. The mask travels flattened (`OmniBlockMask._op_args`) so that
+    -> (out, lse)``; lse is not differentiable. The mask travels flattened (`OmniBlockMask.as_tuple`) so that
     Dynamo sees only tensors and constants; its tensors never need a gradient, so they ride on ctx rather than
     through save_for_backward, which keeps the call's argument count (and its host cost) small."""
 
@@ -125,7 +125,7 @@ def reference_forward_op(
     mask_sizes: list[int], scale: float, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference forward as one op (for compiled graphs): out ``[B, Hq, Sq, D]``, lse float32 ``[B, Hq, Sq]``."""
-    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
+    mask = OmniBlockMask.from_tuple(mask_tensors, mask_sizes)
     return reference.attention_forward(q, k, v, mask, scale, softcap or None)
 
 
@@ -140,7 +140,7 @@ def reference_backward_op(
     mask_tensors: list[Optional[torch.Tensor]], mask_sizes: list[int], scale: float, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reference backward as one op: dq, dk, dv shaped like q, k, v (contiguous)."""
-    mask = OmniBlockMask._from_op_args(mask_tensors, mask_sizes)
+    mask = OmniBlockMask.from_tuple(mask_tensors, mask_sizes)
     return reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap or None)
 
 
@@ -155,14 +155,14 @@ def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
 _warned_fallback = False
 
 
-def _backend(q: torch.Tensor, mask: OmniBlockMask) -> str:
+def _backend(q: torch.Tensor, mask_sizes: tuple[int, ...]) -> str:
     """"cuda" where the library's kernels can run the call (q, k, v already checked to agree), else "reference"."""
     choice = os.environ.get("OMNI_HF_BACKEND", "auto")
     if choice == "reference" or (choice == "auto" and not q.is_cuda):
         return _REFERENCE
     if choice not in ("auto", "cuda"):
         raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
-    reason = _cuda.unsupported_reason(q, mask)
+    reason = library.unsupported_reason(q, mask_sizes)
     if reason is None:
         return _CUDA
     if choice == "cuda":
@@ -200,8 +200,8 @@ def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
                 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
                 and type(block_mask) is OmniBlockMask and block_mask.q_len == qs[2] and block_mask.kv_len == ks[2]
                 and block_mask.batch in (1, qs[0]) and block_mask.heads in (1, qs[1])
-                and (block_mask.implicit or (block_mask.kv_num_blocks.device == q.device and (
-                    block_mask.doc_ids is None or block_mask.doc_ids.shape[0] in (1, qs[0]))))
+                and (block_mask.implicit or (block_mask.kv.num_blocks.device == q.device and (
+                    block_mask.token_rule is None or block_mask.token_rule.doc_ids.shape[0] in (1, qs[0]))))
                 and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
                 and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
     except (AttributeError, TypeError, IndexError):
@@ -254,8 +254,9 @@ def _check_mask(block_mask, q, k) -> None:
         raise ValueError(f"block_mask: expected batch 1 or {batch}, got {block_mask.batch}")
     if block_mask.heads not in (1, heads_q):
         raise ValueError(f"block_mask: expected heads 1 or Hq={heads_q}, got {block_mask.heads}")
-    if block_mask.doc_ids is not None and block_mask.doc_ids.shape[0] not in (1, batch):
-        raise ValueError(f"block_mask.doc_ids: expected batch 1 or {batch}, got {block_mask.doc_ids.shape[0]}")
+    ids = None if block_mask.token_rule is None else block_mask.token_rule.doc_ids
+    if ids is not None and ids.shape[0] not in (1, batch):
+        raise ValueError(f"block_mask.token_rule.doc_ids: expected batch 1 or {batch}, got {ids.shape[0]}")
     if block_mask.device is not None and block_mask.device != q.device:
         raise ValueError(f"block_mask: expected device {q.device} (that of q), got {block_mask.device}; "
                          f"use block_mask.to(q.device)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .mask import OmniBlockMask
+from ..mask import OmniBlockMask
 
 __all__ = ["attention_forward", "attention_backward"]
 

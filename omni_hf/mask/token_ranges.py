@@ -1,6 +1,6 @@
 """The token rule as one range of positions per row, where the ids allow it.
 
-Under the token rule (`omni_hf.mask`) a query at position ``p`` sees the keys of its document that precede it
+Under the token rule (`omni_hf.mask.token_rule`) a query at position ``p`` sees the keys of its document that precede it
 (within the window) and every key of its group (image). When each document id and each group id covers one run
 of positions, and the ids of successive runs increase along the row (as the collator and `token_ids_from_spans`
 number them), those keys are one range ``[first, last]``, and so are the queries that see a key at ``p``. The

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
-from .mask import OmniBlockMask
-from .ops import omni_attention
+from ..mask import OmniBlockMask
+from ..ops import omni_attention
 
 __all__ = ["ContextParallel", "allowed_keys_per_query", "balanced_bounds"]
 

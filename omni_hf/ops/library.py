@@ -3,12 +3,13 @@
 The library registers the ops ``omni_hf::fwd``, ``omni_hf::bwd`` and ``omni_hf::token_mask`` with PyTorch through
 torch's stable C ABI (``csrc/host/torch_ops.cpp``), so a call is one dispatch, graph capture works, and one binary
 serves every torch from 2.10 on. This module loads it, registers the ops' fake implementations (for
-``torch.compile``) and exposes what `omni_hf.ops` dispatches to:
+``torch.compile``) and exposes what `omni_hf.ops.attention` dispatches to. It takes flat tensors and ints only (a
+mask as `omni_hf.mask.OmniBlockMask.as_tuple` gives it), never the mask class:
 
 - `available()`: a CUDA device is present and the library loads (never raises);
-- `unsupported_reason(q, mask)`: None when the kernels can run such a call, else a short reason;
-- `forward(q, k, v, mask, scale, softcap) -> (out, lse)`;
-- `backward(dout, q, k, v, out, lse, mask, scale, softcap) -> (dq, dk, dv)`;
+- `unsupported_reason(q, mask_sizes)`: None when the kernels can run such a call, else a short reason;
+- `forward(q, k, v, mask_tensors, mask_sizes, scale, softcap) -> (out, lse)`;
+- `backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap) -> (dq, dk, dv)`;
 - `token_mask(...)`: `OmniBlockMask.from_token_ids`'s lists and token ranges in four launches.
 
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
@@ -26,12 +27,12 @@ import fcntl
 import functools
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from . import build as _build
-from .mask import OmniBlockMask
+from .. import build as _build
 
 __all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
@@ -39,6 +40,9 @@ __all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask
 ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
 HEAD_DIMS = (64, 128)
 BLOCK_SIZES = (64, 128)
+# Parts of a mask's flat tensors (`OmniBlockMask.as_tuple`): the row view, the column view, then the pattern pool,
+# doc ids, group ids and token ranges.
+ROW_VIEW, COLUMN_VIEW, SHARED = slice(0, 4), slice(4, 8), slice(8, 12)
 _DTYPES = (torch.float16, torch.bfloat16)
 _MAX_GRID_YZ = 65535
 
@@ -87,7 +91,7 @@ def _build_into_cache() -> Path:
 
 def packaged_library() -> Path:
     """Where an install (regular or editable) puts the library: ``omni_hf/lib/libomni_hf_cuda.so``."""
-    return Path(__file__).resolve().parent / "lib" / _build.LIB_NAME
+    return Path(__file__).resolve().parent.parent / "lib" / _build.LIB_NAME
 
 
 def library_path() -> Path:
@@ -175,58 +179,53 @@ def _reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: int, 
     return _load_error()
 
 
-def unsupported_reason(q: torch.Tensor, mask: OmniBlockMask) -> str | None:
-    """None when the CUDA kernels can run attention of ``q`` (checked against k and v by the caller) with
-    ``mask``, else a short human reason. Any strides are accepted: the op copies what its loads cannot read."""
+def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None:
+    """None when the CUDA kernels can run attention of ``q`` (checked against k and v by the caller) with a mask of
+    ``mask_sizes`` (`OmniBlockMask.as_tuple`'s), else a short human reason. Any strides are accepted: the op copies
+    what its loads cannot read."""
+    q_len, _, block_q, block_kv, _, _ = mask_sizes
     if not q.is_cuda:
         return "tensors not on a CUDA device"
-    if -(-mask.q_len // mask.block_q) > _MAX_GRID_YZ or q.shape[0] > _MAX_GRID_YZ:
+    if -(-q_len // block_q) > _MAX_GRID_YZ or q.shape[0] > _MAX_GRID_YZ:
         return "too many query blocks or batch rows for one launch"
-    return _call_reason(q.device.index, q.dtype, q.shape[-1], mask.block_q, mask.block_kv)
+    return _call_reason(q.device.index, q.dtype, q.shape[-1], block_q, block_kv)
 
 
 # ---------------------------------------------------------------------- the ops
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: OmniBlockMask, scale: float,
-            softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None],
+            mask_sizes: Sequence[int], scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on the GPU (``omni_hf::fwd``).
 
     Args:
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]``; fp16 / bf16, any strides.
-        mask: an `OmniBlockMask` on q's device (or implicit); scale multiplies q.k; softcap: None or > 0.
+        mask_tensors, mask_sizes: the mask as `OmniBlockMask.as_tuple` flattens it, on q's device (or implicit).
+        scale: multiplies q.k; softcap: None or 0 for none, else > 0.
     Returns:
         out ``[B, Hq, Sq, D]`` in q's dtype and layout (`output_strides`) and lse float32 ``[B, Hq, Sq]``
         (-inf on empty rows).
     """
-    return forward_flat(q, k, v, *mask._op_args(), scale, softcap or 0.0)
+    num, indices, types, partial = mask_tensors[ROW_VIEW]
+    pool, doc, grp, ranges = mask_tensors[SHARED]
+    _, _, block_q, block_kv, window, kind = mask_sizes
+    return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
+                                         block_q, block_kv, window, scale, softcap or 0.0)
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, mask: OmniBlockMask, scale: float, softcap: float | None,
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse.
+             lse: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None], mask_sizes: Sequence[int], scale: float,
+             softcap: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse; the mask as in `forward`.
 
     Returns:
         dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]``, each in its input's dtype and layout.
     """
-    return backward_flat(dout, q, k, v, out, lse, *mask._op_args(), scale, softcap or 0.0)
-
-
-def forward_flat(q, k, v, mask_tensors, mask_sizes, scale: float, softcap: float):
-    """`forward` on the mask flattened by `OmniBlockMask._op_args` (what `omni_attention` carries)."""
-    num, indices, types, partial, _, _, _, _, pool, doc, grp, ranges = mask_tensors
-    _, _, block_q, block_kv, window, kind = mask_sizes
-    return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                         block_q, block_kv, window, scale, softcap)
-
-
-def backward_flat(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
-    """`backward` on the mask flattened by `OmniBlockMask._op_args`."""
-    _, _, _, _, num, indices, types, partial, pool, doc, grp, ranges = mask_tensors
+    num, indices, types, partial = mask_tensors[COLUMN_VIEW]
+    pool, doc, grp, ranges = mask_tensors[SHARED]
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
-                                         kind, block_q, block_kv, window, scale, softcap)
+                                         kind, block_q, block_kv, window, scale, softcap or 0.0)
 
 
 def token_mask(doc_ids: torch.Tensor, group_ids: torch.Tensor, q_len: int, block_q: int, block_kv: int,

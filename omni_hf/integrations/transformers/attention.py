@@ -1,0 +1,129 @@
+"""``attn_implementation="omni"`` for Hugging Face Transformers.
+
+`register` adds "omni" to Transformers' `AttentionInterface` and `AttentionMaskInterface`. The mask function,
+`omni_mask`, runs where a model creates its masks and returns an `OmniMaskSpec` (sizes, offsets, the 2D
+padding mask and Transformers' mask function), never a dense mask. Every layer receives that spec; the first
+one builds the `OmniBlockMask` and caches it there, so the mask is built once per forward.
+
+`omni_attention_forward` picks its mask, first match wins:
+
+1. an ``omni_block_mask`` kwarg (an `OmniBlockMask`), as is;
+2. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
+   sliding window on the causal part;
+3. the spec. Plain causal, sliding-window and bidirectional attention over unpadded, bottom-right aligned keys
+   become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built; during generation an all-ones
+   padding mask counts as none, at one host sync per step as with sdpa); bidirectional attention over padded
+   keys (encoders, cross-attention) becomes `OmniBlockMask.from_key_padding`. Other recognised mask functions
+   become the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no host sync): causal ones
+   with padding and caches, bidirectional ones packed by ``cu_seq_lens_k``; Transformers' own
+   compositions of causal with packing (``position_ids`` that restart), sliding windows and chunks, whose
+   document starts are read by evaluating the function on neighbouring positions; and causal with image
+   blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)
+   adds document starts. Anything else is evaluated tile by tile (`OmniBlockMask.from_mask_fn`: exact, but
+   it syncs and breaks a compiled graph);
+4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit. Such an encoder
+   call runs bidirectional even when 1. or 2. are given: they describe the language model's tokens (Qwen2-VL
+   hands its vision tower the forward's kwargs).
+
+Positions are bottom-right aligned (query ``i`` at ``i + kv_len - q_len``). Static caches hand over their whole
+buffer, so their keys are rotated to end at the last filled slot, and unfilled slots are masked. Under the token
+rule (causal-family masks with padding, packing, image blocks) rows of padding tokens output zeros; bidirectional
+masks never mask a query row (a cross-attention query is not one of the keys), and masks evaluated tile by tile
+give those rows what the mask function gives. Transformers leaves rows of padding tokens arbitrary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.utils import logging
+
+from ...mask import OmniBlockMask
+from ...ops import omni_attention
+from .spec import OmniMaskSpec, block_mask_from_spec
+
+__all__ = ["omni_attention_forward"]
+
+logger = logging.get_logger(__name__)
+
+
+def omni_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: OmniMaskSpec | torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Transformers' attention function for "omni".
+
+    Args:
+        query: ``[B, Hq, Sq, D]``; key, value: ``[B, Hkv, Skv, D]`` (GQA as is, no ``repeat_kv``).
+        attention_mask: the layer's `OmniMaskSpec`, None (no mask), or a bool ``[B|1, H|1, Sq, Skv]`` mask.
+        scaling, softcap: as in `omni_attention`.
+        sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
+        is_causal: for a missing mask (default ``module.is_causal``, else True).
+        kwargs: ``omni_block_mask``, ``omni_doc_ids``, ``omni_group_ids``, ``cu_seq_lens_k`` (see the module
+            docstring); ``omni_context_parallel`` (`omni_hf.distributed.ContextParallel`: the call is this
+            rank's shard of a row, attended over the whole row); ``output_attentions`` only warns.
+    Returns:
+        attn_output ``[B, Sq, Hq, D]`` and None for the weights.
+    """
+    if dropout > 0:
+        raise ValueError("`omni` attention does not support attention dropout. Use the model in eval mode "
+                         "(`model.eval()`) or set the attention dropout of its config to 0.")
+    for name in ("s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"`omni` attention does not support `{name}`; use `eager` for this model.")
+    if kwargs.get("output_attentions"):
+        logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
+                            "use `eager` to get them.")
+    if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
+        out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
+        return out.transpose(1, 2).contiguous(), None
+    block_mask, key_order = _layer_mask(module, query, key, attention_mask, sliding_window, is_causal, kwargs)
+    if key_order is not None:
+        key, value = key.index_select(2, key_order), value.index_select(2, key_order)
+    out = omni_attention(query, key, value, block_mask, scale=scaling, softcap=softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _layer_mask(module, query, key, mask, sliding_window, is_causal,
+                kwargs) -> tuple[OmniBlockMask, torch.Tensor | None]:
+    """The layer's block mask and, for a static cache, the key order it assumes (see the module docstring)."""
+    q_len, kv_len, device = query.shape[2], key.shape[2], query.device
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
+        return OmniBlockMask.full(q_len, kv_len), None
+    if (block_mask := kwargs.get("omni_block_mask")) is not None:
+        return _once(mask, ("block", device), lambda: (block_mask.to(device, non_blocking=True), None))
+    doc_ids, group_ids = kwargs.get("omni_doc_ids"), kwargs.get("omni_group_ids")
+    if doc_ids is not None or group_ids is not None:
+        def from_ids():
+            doc = (doc_ids if doc_ids is not None else torch.zeros_like(group_ids)).to(device, non_blocking=True)
+            grp = None if group_ids is None else group_ids.to(device, non_blocking=True)
+            return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=sliding_window), None
+        return _once(mask, ("ids", sliding_window, device), from_ids)
+    if isinstance(mask, OmniMaskSpec):
+        return _once(mask, ("spec", device), lambda: block_mask_from_spec(mask, device, kwargs.get("cu_seq_lens_k")))
+    if mask is None:
+        return OmniBlockMask.causal(q_len, kv_len, window=sliding_window), None  # implicit: nothing built
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        return OmniBlockMask.from_dense(mask.to(device)), None
+    raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
+                    f"[B, H, q_len, kv_len] tensor, got {type(mask).__name__} {getattr(mask, 'dtype', '')}")
+
+
+def _once(spec, key, build: Callable):
+    """``build()`` once per forward, cached on the spec all layers share (built per call when there is none)."""
+    if not isinstance(spec, OmniMaskSpec):
+        return build()
+    if key not in spec.built:
+        spec.built[key] = build()
+    return spec.built[key]

@@ -1,0 +1,95 @@
+"""Recognition of Transformers' mask functions: which compositions of `transformers.masking_utils` parts a mask
+function is (read from its code object and closures, and by evaluating it on neighbouring positions), and the token
+rule they amount to. Functions it does not recognise give None; the spec is then evaluated tile by tile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import masking_utils
+from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+if TYPE_CHECKING:
+    from .spec import OmniMaskSpec
+
+__all__ = ["key_slice", "sliding_window", "token_rule_parts"]
+
+_AND_CODE = masking_utils.and_masks().__code__
+_OR_CODE = masking_utils.or_masks().__code__
+_BLOCKWISE_CODE = masking_utils.blockwise_overlay(None).__code__
+_SLIDING_CODE = masking_utils.sliding_window_overlay(1).__code__
+
+
+def sliding_window(fn: Callable) -> int | None:
+    """The window of Transformers' ``sliding_window_causal_mask_function(window)`` (causal and a sliding overlay,
+    nothing else: no packing), read from its closures; None for any other function, and while compiling."""
+    if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(fn)["mask_functions"]
+    overlays = [part for part in parts if part is not causal_mask_function]
+    if len(parts) != 2 or len(overlays) != 1 or getattr(overlays[0], "__code__", None) is not _SLIDING_CODE:
+        return None
+    return _closure(overlays[0])["sliding_window"]
+
+
+def token_rule_parts(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Tensor | None, int | None] | None:
+    """The spec's mask function as the token rule, or None when it is not one this recognises.
+
+    Returns document starts bool ``[B|1, kv_len]`` (True where a key starts a document), image groups int
+    ``[B|1, kv_len]`` or None (all text), and the sliding window of the causal part.
+    """
+    fn = spec.mask_function
+    filled = spec.q_offset + spec.q_len - spec.kv_offset
+    if isinstance(filled, int) and filled > spec.kv_len:  # queries past the keys (multi-token prediction caches)
+        return None
+    first = (torch.arange(spec.kv_len, device=device) == 0)[None]
+    if fn is causal_mask_function:
+        return first, None, None
+    if fn is bidirectional_mask_function:
+        if spec.q_len != spec.kv_len or not isinstance(spec.q_offset, int) or spec.q_offset != spec.kv_offset:
+            return None  # cross-attention or a cache: padding queries would need their own ids
+        return first, torch.zeros_like(first, dtype=torch.int32), None  # packed (cu_seq_lens_k) encoder rows
+    if spec.plain_causal and getattr(fn, "__code__", None) is _AND_CODE:
+        return _probe_starts(spec, device), None, spec.window
+    block_ids = _causal_or_block_ids(fn)
+    if block_ids is not None:
+        return first, key_slice(block_ids, spec.kv_offset, spec.kv_len, fill=-1), None
+    return None
+
+
+def _probe_starts(spec: OmniMaskSpec, device) -> torch.Tensor:
+    """Document starts of a plain causal composition, bool ``[B, kv_len]``: a key starts one where the function
+    forbids it to see the key before.
+
+    The compositions (causal with packing, a sliding window or chunks, in any mix) all read "same document and
+    same chunk and causal and inside the window", and neighbours are inside any window of 2 or more; with a
+    window of 1 every key becomes its own document, which is the same mask. So the token rule with these
+    starts and the creator's window (``local_size``; harmless for chunks) is exact.
+    """
+    batch = torch.arange(spec.batch_size, device=device)[:, None]
+    position = torch.arange(spec.kv_len, device=device)[None] + spec.kv_offset
+    linked = spec.mask_function(batch, torch.zeros_like(batch), position, position - 1)
+    return ~linked.expand(spec.batch_size, spec.kv_len) | (position == spec.kv_offset)
+
+
+def _causal_or_block_ids(fn: Callable) -> torch.Tensor | None:
+    """The ids of ``or_masks(causal_mask_function, blockwise_overlay(ids))`` (a causal mask with
+    ``block_sequence_ids``: Gemma3 / PaliGemma images), read from its closures; None for any other function,
+    and while compiling (Dynamo cannot read closures)."""
+    if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _OR_CODE:
+        return None
+    parts = _closure(fn)["mask_functions"]
+    blocks = len(parts) == 2 and getattr(parts[1], "__code__", None) is _BLOCKWISE_CODE
+    return _closure(parts[1])["block_sequence_ids"] if blocks and parts[0] is causal_mask_function else None
+
+
+def _closure(fn: Callable) -> dict:
+    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
+
+
+def key_slice(ids: torch.Tensor, kv_offset: int, kv_len: int, fill) -> torch.Tensor:
+    """Columns ``kv_offset : kv_offset + kv_len`` of per-position ``ids [B, L]``, padded with ``fill`` past ``L``."""
+    end = kv_offset + kv_len
+    return torch.nn.functional.pad(ids, (0, max(0, end - ids.shape[-1])), value=fill)[:, kv_offset:end]

@@ -1,0 +1,46 @@
+"""Block types, mask kinds and block sizes: the values the C header (`csrc/common/omni_attention.h`) shares."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+__all__ = ["BLOCK_SIZES", "BlockType", "MaskKind"]
+
+BLOCK_SIZES = (64, 128)
+
+
+class BlockType(enum.IntEnum):
+    """What a (Q block, KV block) pair allows; values match `OmniBlockType` in the C header."""
+
+    MASKED = 0
+    FULL = 1
+    CAUSAL = 2
+    PARTIAL = 3
+
+
+class MaskKind(enum.IntEnum):
+    """How an `OmniBlockMask` is given; values match `OmniMaskKind` in the C header.
+
+    ``BLOCKS``: block lists (with a pattern pool and / or token ids). ``CAUSAL`` (bottom-right causal, optional
+    sliding window) and ``FULL`` (every key) are implicit: their sizes describe them, so they hold no tensors,
+    cost nothing to build, serve every device, and the kernels derive each block from its position.
+    """
+
+    BLOCKS = 0
+    CAUSAL = 1
+    FULL = 2
+
+
+# Plain ints for tensor comparisons: under vmap a tensor compared with an IntEnum gives a Python bool,
+# and Dynamo does not trace IntEnum members.
+MASKED, FULL, CAUSAL, PARTIAL = (int(t) for t in BlockType)
+
+
+def block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """int8 types from bool claims, in priority MASKED > FULL > CAUSAL > PARTIAL, by uint8 arithmetic:
+    ``(3 - 2 full - causal + causal full) * not masked`` (uint8 wraps in between, never at the end)."""
+    f, c, m = (x.to(torch.uint8) for x in (full, causal, masked))  # a cast: Inductor cannot bitcast bool
+    return ((3 - 2 * f - c + c * f) * (1 - m)).to(torch.int8)
+
