@@ -1,18 +1,21 @@
 """A Transformers model with attn_implementation="omni": a packed interleaved training step, then generation.
 
-    python examples/hf_omni.py                # a tiny random Llama (runs on a CPU)
-    python examples/hf_omni.py PATH_OR_NAME   # any causal LM, from disk or the Hub
+    python3 examples/hf_omni.py                # a tiny random Llama (runs on a CPU)
+    python3 examples/hf_omni.py PATH_OR_NAME   # any causal LM, from disk or the Hub
 """
 
-import sys
+import argparse
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # importing it registers attn_implementation="omni"
 
-if len(sys.argv) > 1:
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], attn_implementation="omni")
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("model", nargs="?", help="a causal LM's directory or Hub name (default: a tiny random Llama)")
+args = parser.parse_args()
+if args.model is not None:
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="omni")
 else:
     config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64)

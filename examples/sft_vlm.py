@@ -1,8 +1,8 @@
 """Packed VLM fine-tuning with TRL's SFTTrainer, omni attention and OmniCollator.
 
-    python examples/sft_vlm.py                               # a tiny random Gemma3 on the CPU: seconds, no network
-    python examples/sft_vlm.py --arch idefics3 --lora        # another tiny family, with a PEFT LoRA adapter
-    python examples/sft_vlm.py --model PATH --dataset DIR    # a local checkpoint on a local dataset (GPU: bf16)
+    python3 examples/sft_vlm.py                              # a tiny random Gemma3 on the CPU: seconds, no network
+    python3 examples/sft_vlm.py --arch idefics3 --lora       # another tiny family, with a PEFT LoRA adapter
+    python3 examples/sft_vlm.py --model PATH --dataset DIR   # a local checkpoint on a local dataset (GPU: bf16)
 
 The dataset is in TRL's format for vision-language models: an ``images`` column (a list of images per row) and
 a ``messages`` column (a conversation whose user turns hold ``{"type": "image"}`` entries where the images go).
@@ -13,12 +13,13 @@ attends within each packed sample only, with the image blocks the model expects 
 
 Tiny models (``--arch``) are built from configs written here, with a byte-level tokenizer and the family's own
 image processor and processor classes (``qwen2_vl`` needs torchvision: its processor holds a video processor).
-Needs ``pip install -e ".[sft]"`` (trl, peft).
+Needs ``python3 -m pip install -e ".[sft]"`` (trl, peft, datasets, pillow).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -154,6 +155,11 @@ def qwen2_vl_config(tokenizer: transformers.PreTrainedTokenizerBase) -> transfor
                                       vision_end_token_id=ids("<|vision_end|>"))
 
 
+TORCHVISION_MISSING = (
+    "--arch qwen2_vl needs torchvision (Qwen2-VL's processor holds a video processor). Install the build that "
+    "matches your torch: python3 -m pip install -e \".[vision]\" where torch came from PyPI, otherwise torchvision "
+    "from the index your torch came from.")
+
 TINY: dict[str, Callable[[], tuple[transformers.PretrainedConfig, transformers.ProcessorMixin]]] = {
     "gemma3": tiny_gemma3, "idefics3": tiny_idefics3, "llava": tiny_llava, "qwen2_vl": tiny_qwen2_vl}
 
@@ -221,6 +227,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/sft_vlm")
     args = parser.parse_args(argv)
+    if args.model is None and args.arch == "qwen2_vl" and importlib.util.find_spec("torchvision") is None:
+        parser.error(TORCHVISION_MISSING)
 
     model, processor = load(args.arch, args.model, args.seed)
     dataset = (datasets.load_from_disk(args.dataset) if args.dataset
