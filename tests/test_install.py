@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -42,13 +43,19 @@ def project(tmp_path) -> Path:
 
 
 def environment(tmp_path: Path) -> tuple[Path, dict]:
-    """A fresh venv over this interpreter's packages, and the environment of a forced, cut-down build."""
+    """A fresh venv that sees the packages of the environment running the tests (torch, setuptools, the CUTLASS
+    headers: whatever versions this environment has, not the base interpreter's) after its own, and the environment
+    of a forced, cut-down build."""
     home = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(home)
+    venv.EnvBuilder(with_pip=False).create(home)
+    python = home / "bin" / "python"
+    own_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+    (Path(own_packages) / "running_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {**os.environ, "OMNI_HF_BUILD_CUDA": "1", "OMNI_HF_BUILD_SOURCES": "host/status.cu",
            "OMNI_HF_BUILD_ARCHS": "80", "OMNI_HF_CACHE": str(tmp_path / "cache"), "PYTHONNOUSERSITE": "1"}
     env.pop("OMNI_HF_CUDA_LIB", None)
-    return home / "bin" / "python", env
+    return python, env
 
 
 def pip(python: Path, env: dict, *args: str) -> None:
