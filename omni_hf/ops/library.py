@@ -34,11 +34,11 @@ import torch
 
 from .. import build as _build
 
-__all__ = ["available", "unsupported_reason", "forward", "backward", "token_mask",
+__all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
 
 ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
 BLOCK_SIZES = (64, 128)
 # Parts of a mask's flat tensors (`OmniBlockMask.as_tuple`): the row view, the column view, then the pattern pool,
 # doc ids, group ids and token ranges.
@@ -170,13 +170,19 @@ def _call_reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: 
 def _reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: int, block_kv: int) -> str | None:
     if dtype not in _DTYPES:
         return f"dtype {dtype} (kernels take float16 and bfloat16)"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim} (kernels take {', '.join(map(str, HEAD_DIMS))})"
+    if kernel_head_dim(head_dim) is None:
+        return f"head dim {head_dim} (kernels take head dims up to {HEAD_DIMS[-1]})"
     if block_q not in BLOCK_SIZES or block_kv not in BLOCK_SIZES:
         return f"block sizes {block_q}x{block_kv} (kernels take 64 and 128)"
     if torch.cuda.get_device_capability(device_index)[0] < 8:
         return "compute capability below 8.0"
     return _load_error()
+
+
+def kernel_head_dim(head_dim: int) -> int | None:
+    """The instantiated head dim that runs calls of ``head_dim``: itself, or the next larger one (the op zero-extends
+    q, k and v to it, which leaves every score and output exact); None above the largest."""
+    return next((d for d in HEAD_DIMS if d >= head_dim), None)
 
 
 def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None:
