@@ -1,4 +1,4 @@
-"""setuptools hook: `pip install .` (regular or editable) also builds the CUDA library when it can.
+"""setuptools hook: `python -m pip install .` (regular or editable) also builds the CUDA library when it can.
 
 Metadata lives in pyproject.toml. The build runs when nvcc, the CUTLASS headers and torch's headers are found and a
 GPU driver is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. a wheel built on a machine without a GPU) and =0 skips
