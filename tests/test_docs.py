@@ -163,3 +163,10 @@ def test_bash_block_names_what_exists(block):
 def test_pip_is_run_through_the_interpreter(document):
     bare = [line for line in document.read_text().splitlines() if re.search(r"(?<!-m )\bpip install", line)]
     assert not bare, f"{document.name}: pip run bare (write `python3 -m pip`):\n" + "\n".join(bare)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda document: str(document.relative_to(ROOT)))
+def test_relative_links_point_to_files(document):
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text())
+    missing = [target for target in targets if "://" not in target and not (document.parent / target).exists()]
+    assert not missing, f"{document.name} links to paths that do not exist: {missing}"
