@@ -1,8 +1,8 @@
 """CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
-absent): the ABI version Python expects, the torch ops compiled against torch's stable ABI at the target version,
-a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, the implicit-mask
-block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the generated instantiations
-(csrc/generate_instantiations.py) and head-dim dispatch."""
+absent): the ABI version and the head dims Python expects, the torch ops compiled against torch's stable ABI at the
+target version, a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, the
+implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the generated
+instantiations (csrc/generate_instantiations.py) and head-dim dispatch."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from brute_force import causal_dense
 from omni_hf import OmniBlockMask, build
-from omni_hf.ops import library as _cuda
+from omni_hf.ops import library
 
 
 def needs(*tools: str) -> None:
@@ -31,7 +31,7 @@ def needs(*tools: str) -> None:
 
 def test_python_expects_the_abi_version_of_the_header():
     header = (build.CSRC / "include" / "omni_attention.h").read_text()
-    assert f"#define OMNI_ABI_VERSION {_cuda.ABI_VERSION}\n" in header
+    assert f"#define OMNI_ABI_VERSION {library.ABI_VERSION}\n" in header
 
 
 def load_generator():
@@ -48,6 +48,10 @@ def test_committed_instantiations_are_what_the_generator_writes():
     assert generator.differences() == []
     committed = {p.relative_to(build.CSRC) for arch in generator.ARCHS for p in (build.CSRC / arch / "inst").iterdir()}
     assert committed == {p for p in generator.generated_files() if p.parts[1] == "inst"}
+
+
+def test_python_sends_the_library_the_head_dims_of_the_table():
+    assert library.HEAD_DIMS == tuple(sorted(load_generator().HEAD_DIMS))
 
 
 def test_a_head_dim_added_to_the_table_reaches_every_instantiation_and_the_dispatch(monkeypatch):

@@ -38,12 +38,7 @@ template <int kBlockM, bool kPersistent>
 class FwdTileScheduler {
  public:
   __device__ FwdTileScheduler(const OmniFwdParams& p, int fold)
-      : heads_(p.heads_q),
-        tiles_((p.q_len + kBlockM - 1) / kBlockM),
-        batch_(p.batch),
-        total_(int64_t(heads_) * tiles_ * batch_),
-        fold_(fold),
-        counter_(static_cast<unsigned long long*>(p.workspace)) {}
+      : p_(p), tiles_((p.q_len + kBlockM - 1) / kBlockM), total_(int64_t(p.heads_q) * tiles_ * p.batch), fold_(fold) {}
 
   // The CTA's first rank.
   __forceinline__ __device__ int64_t get_initial_work() const { return kPersistent ? blockIdx.x : launch_rank(); }
@@ -51,12 +46,14 @@ class FwdTileScheduler {
   // Whether `rank` names a work item (the ranks past the work end the CTA).
   __forceinline__ __device__ bool is_valid(int64_t rank) const { return rank < total_; }
 
-  // The rank after `rank`; called by a whole warp (lane 0 asks the counter), before the current item's loads are
-  // issued so that the answer is back by the time they are.
+  // The rank after `rank`; called by a whole warp (lane 0 asks the work counter, which the launch zeroed), before
+  // the current item's loads are issued so that the answer is back by the time they are.
   __forceinline__ __device__ int64_t get_next_work(int64_t rank, int lane) const {
     int64_t next = total_;
     if constexpr (kPersistent) {
-      if (lane == 0 && rank < total_) next = int64_t(atomicAdd(counter_, 1ull)) + gridDim.x;
+      if (lane == 0 && rank < total_) {
+        next = int64_t(atomicAdd(static_cast<unsigned long long*>(p_.workspace), 1ull)) + gridDim.x;
+      }
       next = __shfl_sync(0xffffffff, next, 0);
     }
     return next;
@@ -64,8 +61,8 @@ class FwdTileScheduler {
 
   // The work item of a valid rank.
   __forceinline__ __device__ CtaWork get_block_coord(int64_t rank) const {
-    const int64_t heads_batches = int64_t(heads_) * batch_;
-    return {int(rank % heads_), int(tiles_ - 1 - rank / heads_batches), int(rank % heads_batches / heads_)};
+    const int64_t heads_batches = int64_t(p_.heads_q) * p_.batch;
+    return {int(rank % p_.heads_q), int(tiles_ - 1 - rank / heads_batches), int(rank % heads_batches / p_.heads_q)};
   }
 
  private:
@@ -75,10 +72,10 @@ class FwdTileScheduler {
     return fold_ > 0 && c >= fold_ ? total - 1 - (c - fold_) : c;
   }
 
-  int heads_, tiles_, batch_;
+  const OmniFwdParams& p_;  // the kernel's parameters, read where used (copies would take registers)
+  int tiles_;
   int64_t total_;
   int fold_;
-  unsigned long long* counter_;
 };
 
 }  // namespace omni::sm90
