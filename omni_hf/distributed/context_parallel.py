@@ -18,7 +18,7 @@ So the kernels need nothing new: the shard's queries are the last ``stop - start
 positions, labels shifted across shard boundaries (``shift_labels``) and the whole row's count of labelled tokens
 (``num_items_in_batch``), so the per-rank losses sum to the loss of the whole row. Communication: one all-gather of
 K and V per layer in the forward, one reduce-scatter in the backward (the all-gather is the simple choice; a ring
-that overlaps transfers with compute is the next step at more ranks, see benchmarks/results/context_parallel.md).
+that overlaps transfers with compute is the next step at more ranks, see docs/performance/context_parallel.md).
 """
 
 from __future__ import annotations
