@@ -54,29 +54,39 @@ def test_python_sends_the_library_the_head_dims_of_the_table():
     assert library.HEAD_DIMS == tuple(sorted(load_generator().HEAD_DIMS))
 
 
-def test_a_head_dim_added_to_the_table_reaches_every_instantiation_and_the_dispatch(monkeypatch):
+@pytest.mark.parametrize("families", [("sm80", "sm90", "decode"), ("sm80",)])
+def test_a_head_dim_added_to_the_table_reaches_its_instantiations_and_the_dispatch(monkeypatch, families):
     generator = load_generator()
-    monkeypatch.setattr(generator, "HEAD_DIMS", (*generator.HEAD_DIMS, 96))
+    monkeypatch.setattr(generator, "HEAD_DIMS", {**generator.HEAD_DIMS, 96: families})
     files = generator.generated_files()
     for arch in generator.ARCHS:
         for direction in generator.DIRECTIONS:
             for dtype, element in generator.DTYPES.items():
-                text = files[Path(arch, "inst", f"{direction}_{dtype}_hdim96.cu")]
-                assert f"run_{direction}<{element}, 96>" in text and f'"{arch}/{direction}_launch.cuh"' in text
+                path = Path(arch, "inst", f"{direction}_{dtype}_hdim96.cu")
+                assert (path in files) == (arch in families), path
+                if arch in families:
+                    text = files[path]
+                    assert f"run_{direction}<{element}, 96>" in text and f'"{arch}/{direction}_launch.cuh"' in text
     header = files[Path("host", "head_dims.h")]
     dims = sorted(generator.HEAD_DIMS)
     assert f"#define OMNI_FOR_EACH_HEAD_DIM(X) {' '.join(f'X({d})' for d in dims)}\n" in header
+    for macro, family in (("SM90", "sm90"), ("DECODE", "decode")):
+        taken = [d for d in dims if family in generator.HEAD_DIMS[d]]
+        assert f"#define OMNI_FOR_EACH_{macro}_HEAD_DIM(X) {' '.join(f'X({d})' for d in taken)}\n" in header
+        assert (96 in taken) == (family in families)
     assert f'"{", ".join(map(str, dims[:-1]))} and {dims[-1]}"' in header
 
 
 DISPATCH_HARNESS = r"""
 #include <cstdio>
 #include "host/dispatch.cuh"
-// Prints, for every head dim up to 512, whether it is instantiated and what the dispatch calls.
+// Prints, for every head dim up to 512, whether it is instantiated, what the dispatch calls, and whether the sm_90a
+// and decode kernels are instantiated for it.
 int main() {
   for (int d = 0; d <= 512; ++d) {
     const int called = omni::dispatch_head_dim(d, [](auto head_dim) { return int(head_dim()); }, [] { return -1; });
-    std::printf("%d %d %d\n", d, int(omni::instantiated_head_dim(d)), called);
+    std::printf("%d %d %d %d %d\n", d, int(omni::instantiated_head_dim(d)), called, int(omni::sm90_head_dim(d)),
+                int(omni::decode_head_dim(d)));
   }
   return 0;
 }
@@ -84,8 +94,9 @@ int main() {
 
 
 def test_head_dim_dispatch_takes_exactly_the_tables_head_dims(tmp_path):
-    """host/dispatch.cuh, compiled on the host from the committed X-macro: every head dim of the table is
-    instantiated and dispatched to itself; every other one falls through."""
+    """host/dispatch.cuh, compiled on the host from the committed X-macros: every head dim of the table is
+    instantiated and dispatched to itself, and the sm_90a and decode checks follow its families; every other one
+    falls through."""
     needs()
     source = tmp_path / "dispatch.cu"
     source.write_text(DISPATCH_HARNESS)
@@ -93,11 +104,13 @@ def test_head_dim_dispatch_takes_exactly_the_tables_head_dims(tmp_path):
     includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
     subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(source), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    table = set(load_generator().HEAD_DIMS)
+    table = load_generator().HEAD_DIMS
     for line in out.splitlines():
-        d, instantiated, called = map(int, line.split())
+        d, instantiated, called, sm90, decode = map(int, line.split())
         assert bool(instantiated) == (d in table), d
         assert called == (d if d in table else -1), d
+        assert bool(sm90) == ("sm90" in table.get(d, ())), d
+        assert bool(decode) == ("decode" in table.get(d, ())), d
 
 
 def test_source_hash_changes_with_the_target_arch():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brute_force import naive_attention, packed_vlm_ids, token_rule_dense
+from brute_force import causal_dense, naive_attention, packed_vlm_ids, token_rule_dense
 from gpu_paths import kernel_path  # noqa: F401  (autouse: both Hopper kernel paths)
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import attention, library, reference
@@ -69,9 +69,22 @@ def _rel(x: torch.Tensor, gold: torch.Tensor) -> float:
     return float((x.double() - gold).norm() / gold.norm().clamp_min(1e-300))
 
 
-def _vlm_case(batch, heads_q, heads_kv, length, dim, dtype, seed):
-    """Transformers-layout q, k, v (transposed [B, S, H, D]) with gradients, dout, the token-rule mask and its dense
-    definition, for a packed interleaved row of `length` tokens."""
+def _block_mixture(length: int, block: int, gen: torch.Generator) -> torch.Tensor:
+    """bool [1, 1, length, length] drawn block by block: all, none, causal or a random pattern, so that the mask
+    built from it has every block type (FULL, MASKED, CAUSAL, PARTIAL from the pattern pool)."""
+    causal = torch.arange(length)[:, None] >= torch.arange(length)[None, :]
+    n = -(-length // block)
+    kind = torch.randint(0, 4, (n, n), generator=gen).repeat_interleave(block, 0).repeat_interleave(block, 1)
+    kind = kind[:length, :length]
+    noise = torch.rand(length, length, generator=gen) < 0.5
+    dense = torch.where(kind == 0, True, torch.where(kind == 1, False, torch.where(kind == 2, causal, noise)))
+    return dense[None, None]
+
+
+def _case(kind, batch, heads_q, heads_kv, length, dim, dtype, seed):
+    """Transformers-layout q, k, v (transposed [B, S, H, D]) with gradients, dout, a mask of `kind` and its dense
+    definition: "vlm" (the token rule over a packed interleaved row), "causal" (implicit) or "blocks64" /
+    "blocks128" (every block type in blocks of that size)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def rand(heads):
@@ -80,10 +93,16 @@ def _vlm_case(batch, heads_q, heads_kv, length, dim, dtype, seed):
 
     q, k, v = rand(heads_q), rand(heads_kv), rand(heads_kv)
     dout = torch.randn(batch, heads_q, length, dim, generator=gen, device="cuda").to(dtype)
-    doc, grp = packed_vlm_ids(batch, length, seed=seed, doc_range=(60, 900), text_range=(1, 70),
-                              image_range=(20, 300))
-    mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda())
-    return q, k, v, dout, mask, token_rule_dense(doc, grp, length).cuda()
+    if kind == "vlm":
+        doc, grp = packed_vlm_ids(batch, length, seed=seed, doc_range=(60, 900), text_range=(1, 70),
+                                  image_range=(20, 300))
+        mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda())
+        return q, k, v, dout, mask, token_rule_dense(doc, grp, length).cuda()
+    if kind == "causal":
+        return q, k, v, dout, OmniBlockMask.causal(length, length), causal_dense(length, length).cuda()
+    block = int(kind.removeprefix("blocks"))
+    dense = _block_mixture(length, block, torch.Generator().manual_seed(seed))
+    return q, k, v, dout, OmniBlockMask.from_dense(dense, block_q=block, block_kv=block).to("cuda"), dense.cuda()
 
 
 def _run(q, k, v, dout, mask):
@@ -95,13 +114,14 @@ def _run(q, k, v, dout, mask):
 
 
 @GPU
-@pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128))
+@pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128, 200, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
-def test_every_head_dim_matches_the_definition_forward_and_backward(dim, dtype, monkeypatch):
+@pytest.mark.parametrize("kind", ("vlm", "causal", "blocks64", "blocks128"))
+def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, dtype, monkeypatch):
     monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")  # a fallback to the reference would raise
     library.set_poison_outputs(True)
     try:
-        q, k, v, dout, mask, allowed = _vlm_case(2, 4, 2, 777, dim, dtype, seed=dim)
+        q, k, v, dout, mask, allowed = _case(kind, 2, 4, 2, 777, dim, dtype, seed=dim)
         got = _run(q, k, v, dout, mask)
     finally:
         library.set_poison_outputs(False)

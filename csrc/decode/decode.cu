@@ -260,8 +260,11 @@ int run(const OmniFwdParams& p) {
   return dispatch_head_dim(
       p.head_dim,
       [&](auto head_dim) {
-        return p.dtype == OMNI_BF16 ? launch_rows<true, head_dim()>(sp, rows)
-                                    : launch_rows<false, head_dim()>(sp, rows);
+        if constexpr (decode_head_dim(head_dim())) {
+          return p.dtype == OMNI_BF16 ? launch_rows<true, head_dim()>(sp, rows)
+                                      : launch_rows<false, head_dim()>(sp, rows);
+        }
+        return fail(OMNI_ERR_HEAD_DIM, "decode: head_dim=%d", p.head_dim);
       },
       [&] { return fail(OMNI_ERR_HEAD_DIM, "decode: head_dim=%d", p.head_dim); });
 }

@@ -54,8 +54,11 @@ int launch_merge(const OmniFwdParams& p, const SplitPartials& part) {
   return dispatch_head_dim(
       p.head_dim,
       [&](auto head_dim) {
-        merge_kernel<kBf16, head_dim()><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
-        return check_cuda(cudaGetLastError(), "merge_kernel launch");
+        if constexpr (decode_head_dim(head_dim())) {
+          merge_kernel<kBf16, head_dim()><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
+          return check_cuda(cudaGetLastError(), "merge_kernel launch");
+        }
+        return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim);
       },
       [&] { return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim); });
 }

@@ -46,7 +46,10 @@ int check_bwd_params(const OmniBwdParams& p) {
 
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
-  return tuning::bwd_takes_sm90(p) ? sm90::run_bwd<Element, kHeadDim>(p, ws) : sm80::run_bwd<Element, kHeadDim>(p, ws);
+  if constexpr (sm90_head_dim(kHeadDim)) {
+    if (tuning::bwd_takes_sm90(p)) return sm90::run_bwd<Element, kHeadDim>(p, ws);
+  }
+  return sm80::run_bwd<Element, kHeadDim>(p, ws);
 }
 
 // The head dim was checked by check_bwd_params.

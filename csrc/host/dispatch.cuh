@@ -18,12 +18,14 @@ int dispatch_block(int size, F&& f) {
   return size == 64 ? f(std::integral_constant<int, 64>{}) : f(std::integral_constant<int, 128>{});
 }
 
-// Whether head_dim has kernel instantiations (host/head_dims.h).
-constexpr bool instantiated_head_dim(int head_dim) {
 #define OMNI_IS_HEAD_DIM(D) head_dim == D ||
-  return OMNI_FOR_EACH_HEAD_DIM(OMNI_IS_HEAD_DIM) false;
+// Whether head_dim has kernel instantiations (host/head_dims.h): the sm_80 ones, which take every head dim listed.
+constexpr bool instantiated_head_dim(int head_dim) { return OMNI_FOR_EACH_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
+// Whether the sm_90a kernels are instantiated for head_dim.
+constexpr bool sm90_head_dim(int head_dim) { return OMNI_FOR_EACH_SM90_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
+// Whether the split-KV decode kernels are instantiated for head_dim.
+constexpr bool decode_head_dim(int head_dim) { return OMNI_FOR_EACH_DECODE_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
 #undef OMNI_IS_HEAD_DIM
-}
 
 // Calls f(std::integral_constant<int, D>{}) for the instantiated head dim D equal to head_dim, else otherwise().
 template <typename F, typename G>

@@ -17,7 +17,10 @@ namespace {
 
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
-  return tuning::fwd_takes_sm90(p) ? sm90::run_fwd<Element, kHeadDim>(p) : sm80::run_fwd<Element, kHeadDim>(p);
+  if constexpr (sm90_head_dim(kHeadDim)) {
+    if (tuning::fwd_takes_sm90(p)) return sm90::run_fwd<Element, kHeadDim>(p);
+  }
+  return sm80::run_fwd<Element, kHeadDim>(p);
 }
 
 template <typename Element>
@@ -33,7 +36,10 @@ size_t sm90_workspace_bytes(const OmniFwdParams& p) {
   return dispatch_head_dim(
       p.head_dim,
       [&](auto head_dim) {
-        return tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0} : sm90::kPersistentWorkspaceBytes;
+        if constexpr (sm90_head_dim(head_dim())) {
+          return tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0} : sm90::kPersistentWorkspaceBytes;
+        }
+        return size_t{0};
       },
       [] { return size_t{0}; });
 }

@@ -12,16 +12,18 @@
 
 namespace omni::tuning {
 
-// The forward's decode path (decode/decode.cuh) takes every call it can: an implicit mask, an instantiated head
-// dim, and at most decode::kMaxRows query rows per KV head (q_len * heads_q / heads_kv).
+// The forward's decode path (decode/decode.cuh) takes every call it can: an implicit mask, a head dim it is
+// instantiated for (up to 128: at 256 its per-thread K row and V pairs would not fit in registers), and at most
+// decode::kMaxRows query rows per KV head (q_len * heads_q / heads_kv).
 bool fwd_takes_decode(const OmniFwdParams& p);
 
 // Split-KV decoding cuts the keys into slices so that about this many CTAs run per multiprocessor (aiming at 4 or
 // 8 loses on long keys and wins only at large batches).
 constexpr int kDecodeCtasPerSm = 2;
 
-// The sm_90a kernels take a call on an sm_90 device (Hopper) unless OMNI_HF_DISABLE_SM90 is set to a non-zero value
-// (read at every call, so tests and benchmarks can compare both paths in one process), where it fits them:
+// The sm_90a kernels take a call of a head dim they are instantiated for on an sm_90 device (Hopper) unless
+// OMNI_HF_DISABLE_SM90 is set to a non-zero value (read at every call, so tests and benchmarks can compare both
+// paths in one process), where it fits them:
 //   forward: mask blocks of 64 or 128 query rows and 128 keys, keys present, q / k / v readable by TMA;
 //   backward: 128-key mask blocks, q / k / v / dout readable by TMA.
 // Every other call runs the sm_80 kernels.

@@ -1,7 +1,8 @@
-// The backward main kernel (sm_80, mma.sync): one CTA per (KV head x batch, KV block) accumulates dK and
-// dV of its kBlockN keys in registers over every active Q tile of its column, for all query heads of its
-// GQA group (so dK / dV come out summed over the group), and adds each tile's dQ contribution to the
-// fp32 workspace with atomics (no second pass over the row view: that would recompute S and dP).
+// The backward main kernel (sm_80, mma.sync): one CTA per (KV head x batch, KV tile of kBlockN keys: a mask
+// block, or half of a 128-key one) accumulates dK and dV of its keys in registers over every active Q tile of
+// its block's column, for all query heads of its GQA group (so dK / dV come out summed over the group), and adds
+// each tile's dQ contribution to the fp32 workspace with atomics (no second pass over the row view: that would
+// recompute S and dP).
 //
 // Per Q tile (kBlockM rows of query head h), while Q, dO, lse2 and D of the next tile load:
 //   S  = Q K^T                     (t = tanh(scale * S / softcap) with softcap, else t = S)
@@ -60,9 +61,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   const int b = blockIdx.x / f.heads_kv;
   const int hkv = blockIdx.x % f.heads_kv;
   const int group = f.heads_q / f.heads_kv;
-  const int n_block = blockIdx.y;  // every head's first (most loaded, under causal masks) blocks go first
-  const int n0 = n_block * kBlockN;
+  const int n0 = blockIdx.y * kBlockN;  // every head's first (most loaded, under causal masks) tiles go first
   const int kv_rows = min(kBlockN, f.kv_len - n0);
+  // The mask block holding the tile: the tile itself, or one of its 64-key halves (kBlockN < block_kv).
+  const int n_block = n0 / f.mask.block_kv;
+  const int jj0 = n0 - n_block * f.mask.block_kv;
   // cp.async of the token ids of kCount positions from pos0 (batch row b) into smem.
   auto stage_ids = [&](auto count, int* smem, int pos0) {
     const OmniMask& m = f.mask;
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
 
       // S = Q K^T -> t = S or tanh(scale * S / cap), masked -> P = exp2(t * mul - lse2), stored to smem
       // as Element; the fp32 P replaces t in registers.
-      const TileCoords at{qpos0_of(cur), n0, kv_rows, sm.q_ids, sm.k_ids};
+      const TileCoords at{qpos0_of(cur), n0, kv_rows, jj0, sm.q_ids, sm.k_ids};
       FragmentBits<decltype(size(bits_view(cS)))::value> bits;
       partial_bits<kBlockM, kBlockN>(bits, bits_view(cS), cur, at, f.mask);
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});

@@ -1,5 +1,5 @@
 // sm80::run_bwd: the three launches of one sm_80 backward (preprocess, main kernel, dQ conversion) for one
-// (dtype, head dim), with key tiles of the mask's block_kv. Included only by sm80/inst/bwd_*.cu, which instantiate it.
+// (dtype, head dim). Included only by sm80/inst/bwd_*.cu, which instantiate it.
 #pragma once
 #include "common/bwd_rows.cuh"
 #include "common/bwd_workspace.cuh"
@@ -42,11 +42,17 @@ int run_bwd_tiles(const OmniBwdParams& p, const bwd::Workspace& ws) {
   return OMNI_OK;
 }
 
+// Key tiles of the mask's block_kv; above head dim 128, tiles of 64 keys (halves of 128-key blocks), since dK and
+// dV of 128 keys x 256 columns would take 256 accumulator registers per thread.
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
-  return dispatch_block(p.fwd.mask.block_kv, [&](auto block_kv) {
-    return run_bwd_tiles<Element, kHeadDim, block_kv()>(p, ws);
-  });
+  if constexpr (kHeadDim > 128) {
+    return run_bwd_tiles<Element, kHeadDim, 64>(p, ws);
+  } else {
+    return dispatch_block(p.fwd.mask.block_kv, [&](auto block_kv) {
+      return run_bwd_tiles<Element, kHeadDim, block_kv()>(p, ws);
+    });
+  }
 }
 
 }  // namespace omni::sm80

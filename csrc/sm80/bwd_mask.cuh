@@ -18,6 +18,7 @@ struct TileCoords {
   int qpos0;         // absolute position of the tile's row 0: m0 + kv_len - q_len
   int col0;          // first key of the tile
   int col_limit;     // keys of the tile below kv_len
+  int jj0;           // first key of the tile inside its mask block (0 unless tiles are halves of blocks)
   const int* q_ids;  // staged [doc, grp] ids of the tile's rows (kTileToken)
   const int* k_ids;  // staged [doc, grp] ids of the CTA's keys (kTileToken)
 };
@@ -37,15 +38,21 @@ __forceinline__ __device__ auto bits_view(T&& t) {
 }
 
 // The rule of a PARTIAL tile as bits; c: the (row, col) in the tile of each fragment element. Pool tiles
-// read the pattern rows ii0 .. ii0 + kBlockM - 1 of their entry in place (a one-entry pool view).
+// read the pattern rows ii0 .. ii0 + kBlockM - 1, columns jj0 .. jj0 + kBlockN - 1 of their entry in place (a
+// one-entry pool view whose rows keep the block's stride).
 template <int kBlockM, int kBlockN, class Bits, class TC>
 __forceinline__ __device__ void partial_bits(Bits& bits, const TC& c, const QTile& tile, const TileCoords& at,
                                              const OmniMask& mask) {
   if (tile.kind == kTileToken) {
     token_bits<kBlockM, kBlockN>(bits, c, at.q_ids, at.k_ids, at.qpos0, at.col0, mask.window);
   } else if (tile.kind == kTilePool) {
-    const int* rows = mask.partial_pool + (int64_t(tile.pool) * mask.block_q + tile.ii0) * (kBlockN / 32);
-    pool_bits(bits, c, staged_pool_view<kBlockM, kBlockN / 32>(rows), at.col_limit);
+    const int words_per_row = mask.block_kv / 32;
+    OmniMask view{};
+    view.partial_pool = mask.partial_pool + (int64_t(tile.pool) * mask.block_q + tile.ii0) * words_per_row + at.jj0 / 32;
+    view.num_partial = 1;
+    view.block_q = kBlockM;
+    view.block_kv = mask.block_kv;
+    pool_bits(bits, c, view, at.col_limit);
   }
 }
 

@@ -1,7 +1,8 @@
-// Compile-time configuration of the sm_80 backward kernel. One CTA owns one KV tile of kBlockN keys
-// (= the mask's block_kv) and walks the active Q tiles of its column, kBlockM = 64 query rows at a time
-// (a 128-row mask block is two tiles). The MMA atoms, the swizzled smem atom and the gmem copies come
-// from the shared Sm80Base; the backward adds its three tiled MMAs and its transposed smem views.
+// Compile-time configuration of the sm_80 backward kernel. One CTA owns one KV tile of kBlockN keys (the mask's
+// block_kv, or 64-key halves of 128-key blocks at head dim 256) and walks the active Q tiles of its block's
+// column, kBlockM = 64 query rows at a time (a 128-row mask block is two tiles). The MMA atoms, the swizzled smem
+// atom and the gmem copies come from the shared Sm80Base; the backward adds its three tiled MMAs and its
+// transposed smem views.
 #pragma once
 #include "common/bwd_walk.cuh"
 #include "sm80/kernel_traits.cuh"
@@ -18,7 +19,7 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using Base::kNThreads;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = kBlockN_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "block_kv 64 or 128");
 
   using MmaAtom = typename Sm80Mma<Element>::Atom;

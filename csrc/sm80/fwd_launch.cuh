@@ -12,9 +12,12 @@
 namespace omni::sm80 {
 
 // 128 x 64 tiles with 4 warps: each warp owns 32 query rows, so every K fragment read from smem feeds two
-// MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers.
+// MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers. Above head
+// dim 128 a warp owns 16 rows (8 warps for 128-row blocks): 32 rows of a 256-wide output accumulator would take
+// 256 registers per thread.
 constexpr int kFwdBlockN = 64;
-constexpr int kFwdWarps = 4;
+template <int kHeadDim, int kBlockM>
+constexpr int kFwdWarps = kHeadDim <= 128 ? 4 : kBlockM / 16;
 
 template <class Traits, bool kSoftcap>
 int launch_fwd_kernel(const OmniFwdParams& p) {
@@ -32,7 +35,7 @@ template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   return dispatch_block(p.mask.block_q, [&](auto block_m) {
     return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps>, softcap()>(p);
+      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps<kHeadDim, block_m()>>, softcap()>(p);
     });
   });
 }

@@ -38,7 +38,10 @@ __all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "bac
            "output_strides", "set_poison_outputs"]
 
 ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
-HEAD_DIMS = (64, 128)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
+HEAD_DIMS = (64, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
+# Shared memory per block that the sm_80 backward needs above head dim 128 (64-key tiles of 256 columns, Q and dO
+# double-buffered): Hopper grants it, an A100 (163 KB) does not.
+_WIDE_BACKWARD_SMEM = 209 * 1024
 BLOCK_SIZES = (64, 128)
 # Parts of a mask's flat tensors (`OmniBlockMask.as_tuple`): the row view, the column view, then the pattern pool,
 # doc ids, group ids and token ranges.
@@ -176,7 +179,17 @@ def _reason(device_index: int, dtype: torch.dtype, head_dim: int, block_q: int, 
         return f"block sizes {block_q}x{block_kv} (kernels take 64 and 128)"
     if torch.cuda.get_device_capability(device_index)[0] < 8:
         return "compute capability below 8.0"
+    if kernel_head_dim(head_dim) > 128 and _smem_per_block(device_index) < _WIDE_BACKWARD_SMEM:
+        return (f"head dim {head_dim}: its backward needs {_WIDE_BACKWARD_SMEM // 1024} KB of shared memory per "
+                f"block, this GPU grants {_smem_per_block(device_index) // 1024} KB")
     return _load_error()
+
+
+def _smem_per_block(device_index: int) -> int:
+    """The shared memory one block may opt into on the device, in bytes."""
+    props = torch.cuda.get_device_properties(device_index)
+    known = {(8, 0): 163 * 1024, (9, 0): 227 * 1024}  # where torch does not report it
+    return getattr(props, "shared_memory_per_block_optin", None) or known.get((props.major, props.minor), 99 * 1024)
 
 
 def kernel_head_dim(head_dim: int) -> int | None:
