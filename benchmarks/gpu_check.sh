@@ -37,10 +37,12 @@ for step in "${steps[@]}"; do
   case $step in
     tests) run tests python3 -m pytest -q --maxfail=5 -p no:cacheprovider ${OMNI_HF_TESTS:-tests/test_cuda_forward.py \
              tests/test_cuda_backward.py tests/test_cuda_decode.py tests/test_cuda_graphs.py tests/test_cuda_differential.py tests/test_mask.py \
-             tests/test_ops.py tests/test_transformers_integration.py} ;;
+             tests/test_ops.py tests/test_transformers_integration.py tests/test_head_dims.py} ;;
     sanitize) run sanitize bash -c 'for tool in memcheck racecheck; do
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/test_cuda_backward.py || exit 1
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m pytest -q -p no:cacheprovider \
+                   tests/test_head_dims.py -k "matches and bfloat16 and 256 and (blocks128 or vlm)" || exit 1
                done' ;;
     launch) run launch python3 -m benchmarks.bench_launch --out "$OUT" ;;
     decode) run decode python3 -m benchmarks.bench_decode --out "$OUT" ;;

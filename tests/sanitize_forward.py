@@ -1,5 +1,5 @@
-"""Small forward cases for compute-sanitizer (not a pytest module): every tile kind, both block sizes, both
-head dims, tails, q_len = 1, broadcast masks, GQA, the decode path. Run on a GPU as
+"""Small forward cases for compute-sanitizer (not a pytest module): every tile kind, both block sizes, every
+instantiated head dim, tails, q_len = 1, broadcast masks, GQA, the decode path. Run on a GPU as
 
     compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
@@ -28,7 +28,7 @@ def cases():
     """(mask, q_len, kv_len, dim, heads_q, heads_kv, dtype, softcap) tuples covering every kernel path."""
     doc, grp = packed_vlm_ids(2, 333, seed=1, device="cuda")
     for block_q, block_kv in ((64, 64), (128, 128), (64, 128), (128, 64)):
-        for dim in (64, 128):
+        for dim in library.HEAD_DIMS:
             dense = random_block_dense(1, 2, 200, 333, block_q, block_kv, seed=dim + block_q)
             yield OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), 200, 333, dim, 2, 1, None
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
