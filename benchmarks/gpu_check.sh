@@ -42,7 +42,7 @@ for step in "${steps[@]}"; do
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/test_cuda_backward.py || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m pytest -q -p no:cacheprovider \
-                   tests/test_head_dims.py -k "matches and bfloat16 and 256 and (blocks128 or vlm)" || exit 1
+                   tests/test_head_dims.py -k "matches and bf16 and 256 and (blocks128 or vlm)" || exit 1
                done' ;;
     launch) run launch python3 -m benchmarks.bench_launch --out "$OUT" ;;
     decode) run decode python3 -m benchmarks.bench_decode --out "$OUT" ;;

@@ -286,15 +286,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "in one run")
     parser.add_argument("--rounds", type=int, default=1, help="timing rounds per case, every peer once per round "
                         "(its ms: the median of its rounds); more rounds spread host or GPU drift over all peers")
+    parser.add_argument("--head-dims", default=None, help="comma-separated head dims, each optionally with its "
+                        "query / KV heads (e.g. 256:8/4,80:16/16): every shape runs at each (default: the shape's own)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
+    try:
+        args.head_dims = parse_head_dims(args.head_dims)
+    except ValueError as err:
+        parser.error(f"--head-dims: {err}")
     for name, allowed in (("shapes", SHAPES), ("masks", layouts.MASKS)):
         bad = set(getattr(args, name).split(",")) - set(allowed)
         if bad:
             parser.error(f"--{name}: unknown {sorted(bad)}; expected some of {tuple(allowed)}")
     return args
+
+
+def parse_head_dims(text: str | None) -> tuple[tuple[int, int | None, int | None], ...]:
+    """``"256:8/4,80"`` -> ``((256, 8, 4), (80, None, None))``: head dims with their query / KV heads (None: the
+    shape's own). Raises ValueError naming the item that does not parse."""
+    if not text:
+        return ()
+    items = []
+    for item in text.split(","):
+        dim, _, heads = item.partition(":")
+        try:
+            heads_q, heads_kv = (int(h) for h in heads.split("/")) if heads else (None, None)
+            items.append((int(dim), heads_q, heads_kv))
+        except ValueError:
+            raise ValueError(f"expected D or D:HQ/HKV items, got {item!r}") from None
+        if items[-1][0] % 8 or not 8 <= items[-1][0] <= 256 or (heads_q and heads_q % heads_kv):
+            raise ValueError(f"expected a head dim that is a multiple of 8 up to 256 and HKV dividing HQ, got {item!r}")
+    return tuple(items)
+
+
+def shapes_at_head_dims(shape: Shape, head_dims) -> list[Shape]:
+    """``shape`` at each of `parse_head_dims`' head dims (named ``<shape>_d<D>``), or itself when none are given."""
+    return [dataclasses.replace(shape, name=f"{shape.name}_d{dim}", dim=dim, heads_q=heads_q or shape.heads_q,
+                                heads_kv=heads_kv or shape.heads_kv)
+            for dim, heads_q, heads_kv in head_dims] or [shape]
 
 
 def result_name(device: str, args: argparse.Namespace) -> str:
@@ -307,6 +338,8 @@ def result_name(device: str, args: argparse.Namespace) -> str:
         parts.append(args.masks.replace(",", "-"))
     if args.seqlens:
         parts.append(args.seqlens.replace(",", "-"))
+    if args.head_dims:
+        parts.append("d" + "-".join(str(dim) for dim, _, _ in args.head_dims))
     if args.quick:
         parts.append("quick")
     if args.no_backward:
@@ -321,12 +354,13 @@ def result_name(device: str, args: argparse.Namespace) -> str:
 def plan(args: argparse.Namespace) -> list[tuple[Shape, str, int]]:
     """The (shape, mask, length) cases the arguments ask for, in run order."""
     cases = []
-    for shape in (SHAPES[name] for name in args.shapes.split(",")):
+    for base in (SHAPES[name] for name in args.shapes.split(",")):
         if args.seqlens:
             seqlens = tuple(int(s) for s in args.seqlens.split(","))
         else:
-            seqlens = QUICK_SEQLENS[shape.name] if args.quick else shape.seqlens
-        cases += [(shape, mask, s) for mask in args.masks.split(",") for s in seqlens]
+            seqlens = QUICK_SEQLENS[base.name] if args.quick else base.seqlens
+        for shape in shapes_at_head_dims(base, args.head_dims):
+            cases += [(shape, mask, s) for mask in args.masks.split(",") for s in seqlens]
     return cases
 
 

@@ -330,6 +330,21 @@ def test_quick_plan_runs_every_mask_once_per_shape():
         run.parse_args(["--masks", "vlm,bogus"])
 
 
+def test_head_dims_run_every_shape_at_each_with_their_heads():
+    args = run.parse_args(["--shapes", "realistic", "--masks", "vlm,causal", "--seqlens", "8192",
+                           "--head-dims", "256:8/4,80"])
+    cases = run.plan(args)
+    base = run.SHAPES["realistic"]
+    assert [(s.name, s.dim, s.heads_q, s.heads_kv, m) for s, m, _ in cases] == [
+        ("realistic_d256", 256, 8, 4, "vlm"), ("realistic_d256", 256, 8, 4, "causal"),
+        ("realistic_d80", 80, base.heads_q, base.heads_kv, "vlm"), ("realistic_d80", 80, base.heads_q, base.heads_kv,
+                                                                    "causal")]
+    assert "d256-80" in run.result_name("H100", args)
+    for bad in ("72:16", "100", "264", "64:6/4", "x"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--head-dims", bad])
+
+
 def synthetic_result(rng: random.Random) -> dict:
     """A result of two lengths with timings drawn at random, a skipped and a failed entry."""
     cases = []

@@ -244,12 +244,16 @@ def test_token_ids_broadcast_over_the_batch():
     assert_matches_reference(q, k, v, mask)
 
 
-def test_unsupported_head_dim_is_reported_and_the_library_names_the_check():
+def test_uninstantiated_head_dim_runs_zero_extended_and_the_library_names_the_check():
+    """The op runs head dim 96 on the 128 kernel (tests/test_head_dims.py checks its values); the library itself,
+    handed 96, names the check; above the largest instantiation the op reports why the kernels cannot run."""
     mask = OmniBlockMask.causal(64)
     q, k, v = _qkv(1, 1, 1, 64, 64, 96, torch.bfloat16, seed=14)
-    assert "head dim 96" in library.unsupported_reason(q, mask.as_tuple()[1])
+    assert library.unsupported_reason(q, mask.as_tuple()[1]) is None and library.kernel_head_dim(96) == 128
     with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=96"):
         library.forward(q, k, v, *mask.as_tuple(), 0.1, None)
+    wide = torch.empty(1, 1, 64, library.HEAD_DIMS[-1] + 8, device="cuda", dtype=torch.bfloat16)
+    assert f"head dim {wide.shape[-1]}" in library.unsupported_reason(wide, mask.as_tuple()[1])
 
 
 def test_misaligned_inputs_are_copied_and_give_the_reference_result():

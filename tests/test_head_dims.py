@@ -115,7 +115,7 @@ def _run(q, k, v, dout, mask):
 
 @GPU
 @pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128, 200, 256))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("kind", ("vlm", "causal", "blocks64", "blocks128"))
 def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, dtype, monkeypatch):
     monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")  # a fallback to the reference would raise
@@ -139,7 +139,7 @@ def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, d
 
 
 @GPU
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 def test_no_half_precision_call_the_kernels_can_take_reaches_the_reference(dtype, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the reference ran")
