@@ -474,11 +474,14 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
 
 def packed_mask_function(inner, positions: torch.Tensor):
     """``inner`` composed with packing by ``positions`` as the installed Transformers' `create_causal_mask` does it:
-    5.24 remaps the positions and ands the packed sequences' ids, 5.17 - 5.23 had one compatibility function."""
+    5.24 remaps the positions and ands the packed sequences' ids, some releases before it had one compatibility
+    function, and older ones (5.17 among them) and the packed sequences' ids alone."""
     packed = hf.find_packed_sequence_indices(positions)
     if hasattr(hf, "packed_sequence_compatibility_function"):
         return hf.packed_sequence_compatibility_function(inner, positions, packed)
-    return hf.and_masks(hf.remap_positions_for_packed_sequence(inner, positions), hf.packed_sequence_mask_function(packed))
+    if hasattr(hf, "remap_positions_for_packed_sequence"):
+        inner = hf.remap_positions_for_packed_sequence(inner, positions)
+    return hf.and_masks(inner, hf.packed_sequence_mask_function(packed))
 
 
 def hf_paddings(source: str) -> tuple[str, ...]:
