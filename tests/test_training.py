@@ -12,6 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, where training/ lives
 
+for extra in ("accelerate", "datasets", "safetensors", "tqdm", "matplotlib"):  # training/'s extra (`train`)
+    pytest.importorskip(extra, reason=f"training/ needs {extra}: python3 -m pip install -e '.[train]'")
+
 from omni_hf import OmniBlockMask, OmniCollator  # noqa: E402
 from training.data import COLOURS, RGB, SampleEncoder, SceneConfig, make_tokenizer, render  # noqa: E402
 from training.evaluate import held_out_evaluator, summarise  # noqa: E402

@@ -1,4 +1,4 @@
-"""Stock VLMs trained on packed rows (issue 17): tiny random Gemma3, Qwen2-VL, Idefics3 (SmolVLM's architecture),
+"""Stock VLMs trained on packed rows: tiny random Gemma3, Qwen2-VL, Idefics3 (SmolVLM's architecture),
 LLaVA and PaliGemma, samples straight from their processors, packed by `OmniCollator.from_config`.
 
 A packed batch must give the loss and every parameter gradient of the same samples run one by one through the
@@ -24,6 +24,8 @@ from brute_force import relative_error
 from omni_hf import OmniCollator
 from test_model_zoo import joined_key_bias
 
+for extra in ("datasets", "trl", "peft"):  # the example's extra (`sft`)
+    pytest.importorskip(extra, reason=f"examples/sft_vlm.py needs {extra}: python3 -m pip install -e '.[sft]'")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import sft_vlm  # noqa: E402
 
