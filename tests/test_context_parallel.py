@@ -1,4 +1,4 @@
-"""Context parallelism (issue 18) on the CPU: gloo process groups of 2-4 ranks running the exact reference path must
+"""Context parallelism on the CPU: gloo process groups of 2-4 ranks running the exact reference path must
 give what one process gives, for attention alone (outputs, dq, dk, dv) and for a stock Transformers model on a packed
 interleaved batch (loss and every parameter gradient); the shard cuts never split an image group and balance the
 work. Ranks run as spawned processes and write their results for the test process to compare."""

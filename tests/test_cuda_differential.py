@@ -1,4 +1,4 @@
-"""A seeded randomized differential run of the CUDA kernels (issue 14): 240 cases, each drawing its configuration
+"""A seeded randomized differential run of the CUDA kernels: 240 cases, each drawing its configuration
 from its seed (the test id says it): random token-rule masks (packed documents, padding, images, windows; ids of
 batch 1 broadcast now and then) and random dense masks (every block type, per-head masks, emptied rows), lengths up
 to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 128, fp16 / bf16, q_len < kv_len and q_len = 1,

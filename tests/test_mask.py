@@ -143,7 +143,7 @@ def test_from_dense_classifies_tightest_and_round_trips(sizes, block_q, block_kv
 
 def test_from_dense_keeps_pool_ids_on_their_blocks_across_row_chunks_with_batch_and_heads(monkeypatch):
     """Regression: pool patterns were concatenated chunk by chunk but assigned in batch-major order, so a mask
-    of batch x heads > 1 classified in several row chunks came back wrong (issue 14)."""
+    of batch x heads > 1 classified in several row chunks came back wrong."""
     import omni_hf.mask.dense as dense_module
 
     monkeypatch.setattr(dense_module, "DENSE_CHUNK_ELEMENTS", 2 * 3 * 64 * 300)  # one block row per chunk
@@ -161,7 +161,7 @@ def test_from_dense_is_exact_at_real_size_with_batch_two():
 
 
 def test_token_ids_with_a_batch_of_one_broadcast_against_the_other():
-    """Regression: Transformers hands per-row image ids [B, S] beside document ids of one row [1, S] (issue 14)."""
+    """Regression: Transformers hands per-row image ids [B, S] beside document ids of one row [1, S]."""
     doc = torch.zeros(1, 200, dtype=torch.int32)
     grp = torch.full((3, 200), -1, dtype=torch.int32)
     grp[0, 10:50], grp[2, 100:180] = 0, 1

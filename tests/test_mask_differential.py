@@ -1,4 +1,4 @@
-"""Differential tests (issue 14): every mask builder, the collator, the Transformers mask and the reference
+"""Differential tests: every mask builder, the collator, the Transformers mask and the reference
 attention against brute-force definitions, at batch > 1 and heads > 1, both block sizes (also unequal), lengths
 off the block grid, padding, rows with no allowed key and windows. The internal row chunks of the builders and of
 the reference are shrunk to a few block rows (or a few query rows), so that small cases cross them; the defaults

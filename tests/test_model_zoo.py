@@ -1,4 +1,4 @@
-"""The model zoo (issue 14): attn_implementation="omni" across Transformers model families.
+"""The model zoo: attn_implementation="omni" across Transformers model families.
 
 Tiny random models (one set of seeded weights per pair), float32 on the CPU, where omni runs its exact reference
 path: the outputs on real-token positions and the gradient of every parameter must be within 1e-5 relative error

@@ -190,7 +190,7 @@ def test_gemma3_text_sliding_window_and_softcap_match_eager(device):
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 def test_gemma3_image_blocks_from_token_type_ids_match_eager(padded, device):
-    """Unpadded rows hand per-row image ids beside one row of document ids (a batch-2 crash, issue 14)."""
+    """Unpadded rows hand per-row image ids beside one row of document ids (a batch-2 crash)."""
     omni, ref, lowp = models(lambda attn: AutoModelForImageTextToText.from_config(
         gemma3_vlm_config(), attn_implementation=attn), device)
     input_ids = tokens(2, 20, device=device)
