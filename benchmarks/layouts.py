@@ -117,12 +117,12 @@ class Layout:
                   ids: tuple[torch.Tensor, torch.Tensor] | None = None) -> OmniBlockMask:
         """omni's mask with blocks of ``block``; ``ids``: the doc / grp ids already on ``device``."""
         if self.is_causal:
-            return OmniBlockMask.causal(self.seq_len, block_q=block, block_kv=block)  # implicit: nothing to build
+            return OmniBlockMask.causal(self.seq_len, block_size=block)  # implicit: nothing to build
         if self.blocks is not None:
-            return OmniBlockMask.from_mask_fn(self.mask_mod(device), self.seq_len, block_q=block, block_kv=block,
+            return OmniBlockMask.from_mask_fn(self.mask_mod(device), self.seq_len, block_size=block,
                                               device=device)
         doc, grp = ids if ids is not None else self.token_ids(device)
-        return OmniBlockMask.from_token_ids(doc, grp, block_q=block, block_kv=block, window=self.window)
+        return OmniBlockMask.from_token_ids(doc, grp, block_size=block, window=self.window)
 
     def token_ids(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """doc / grp ids as int32 ``[1, S]`` tensors on ``device``."""

@@ -30,8 +30,8 @@ def cases():
     for block_q, block_kv in ((64, 64), (128, 128), (64, 128), (128, 64)):
         for dim in library.HEAD_DIMS:
             dense = random_block_dense(1, 2, 200, 333, block_q, block_kv, seed=dim + block_q)
-            yield OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), 200, 333, dim, 2, 1, None
-            yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_q=block_q, block_kv=block_kv),
+            yield OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), 200, 333, dim, 2, 1, None
+            yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_size=(block_q, block_kv)),
                    150, 333, dim, 4, 2, 10.0)
     token_rule = OmniBlockMask.from_token_ids(doc, grp, q_len=150)  # ranges; without them the kernels compare ids
     yield without_ranges(token_rule), 150, 333, 128, 4, 2, None

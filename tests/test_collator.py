@@ -361,7 +361,7 @@ def test_block_mask_is_pinned_only_in_the_main_process_when_cuda_is_available(mo
     ({"mode": "pack"}, r"max_length: expected a positive int with mode='pack', got None"),
     ({"max_length": 0}, r"max_length: expected a positive int or None, got 0"),
     ({"pad_to_multiple_of": -8}, r"pad_to_multiple_of: expected a positive int or None, got -8"),
-    ({"block_size": 100}, r"block_size: expected one of \(64, 128\), got 100"),
+    ({"block_size": 100}, r"block_size: expected one of \(64, 128\) or a \(block_q, block_kv\) pair of them, got 100"),
     ({"split_long_text": True}, r"split_long_text: expected False with mode='pad'"),
 ])
 def test_bad_options_raise_naming_the_argument(options, match):
@@ -512,3 +512,15 @@ def test_trainer_dropping_modality_spans_is_a_clear_error(tmp_path):
     trainer, _ = tiny_trainer(tmp_path, remove_unused_columns=True)
     with pytest.raises(ValueError, match=r"'modality_spans'\].*remove_unused_columns=False"):
         trainer.train()
+
+
+@pytest.mark.parametrize("block_size", [64, (64, 128)])
+def test_block_size_int_or_pair_reaches_the_block_mask(block_size):
+    samples = [{"input_ids": list(range(1, 151)), "modality_spans": [(10, 40)]},
+               {"input_ids": list(range(1, 91)), "modality_spans": []}]
+    batch = OmniCollator(pad_token_id=0, mode="pack", max_length=256, return_block_mask=True,
+                         block_size=block_size)(samples)
+    mask = batch["omni_block_mask"]
+    assert (mask.block_q, mask.block_kv) == (block_size if isinstance(block_size, tuple) else (block_size,) * 2)
+    expected = OmniBlockMask.from_token_ids(batch["omni_doc_ids"], batch["omni_group_ids"])
+    assert torch.equal(mask.to_dense(), expected.to_dense())

@@ -329,12 +329,26 @@ def test_image_counts_against_pixel_values_raise_for_fixed_and_equal_sizes():
         OmniCollator.from_config(config)([tripled])
 
 
-def test_image_tokens_without_vision_inputs_raise():
+@pytest.mark.parametrize("arch", ["gemma3", "llava", "qwen2_vl"])
+def test_image_tokens_without_pixel_values_raise_naming_pixel_values(arch):
+    config, samples = with_images(arch, 6, seed=12)
+    sample = next(s for s in samples if "pixel_values" in s)
+    collator = OmniCollator.from_config(config)
+    image_tokens = int(np.isin(np.asarray(sample["input_ids"]), collator.vision.image_token_ids).sum())
+    with pytest.raises(ValueError, match=rf"samples\[1\]\['pixel_values'\]: expected the vision inputs of the "
+                                         rf"sample's {image_tokens} image tokens, got no such key"):
+        collator([samples[0], {k: v for k, v in sample.items() if k != "pixel_values"}])
+
+
+def test_missing_input_ids_raise_naming_the_sample_and_key():
     config, samples = with_images("gemma3", 6, seed=12)
     sample = next(s for s in samples if "pixel_values" in s)
-    with pytest.raises(ValueError, match=r"samples\[0\]\['input_ids'\]: expected 0 image tokens \(0 images of \[\] "
-                                         r"tokens, 0 images in pixel_values"):
-        OmniCollator.from_config(config)([{k: v for k, v in sample.items() if k != "pixel_values"}])
+    with pytest.raises(ValueError, match=r"samples\[1\]\['input_ids'\]: expected token ids, got no such key "
+                                         r"\(keys: \[.*'pixel_values'"):
+        OmniCollator.from_config(config)([samples[0], {k: v for k, v in sample.items() if k != "input_ids"}])
+    with pytest.raises(ValueError, match=r"samples\[0\]\['input_ids'\]: expected token ids, got no such key "
+                                         r"\(keys: \['modality_spans'\]\)"):
+        OmniCollator(pad_token_id=0)([{"modality_spans": []}])
 
 
 def test_paligemma_suffix_before_the_prefix_ends_raises():

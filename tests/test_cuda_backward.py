@@ -158,7 +158,7 @@ def test_gradients_match_reference_on_random_block_type_mixtures(dtype, dim, blo
     gen = torch.Generator("cuda").manual_seed(q_len * 7919 + kv_len)
     q, k, v, dout = _qkv(2, heads_q, heads_kv, q_len, kv_len, dim, dtype, gen=gen)
     dense = _block_mixture(2, heads_q if mask_heads == "all" else 1, q_len, kv_len, block_q, block_kv, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)))
 
 
 @pytest.mark.parametrize("dtype, dim", [(torch.bfloat16, 128), (torch.float16, 64)])
@@ -168,7 +168,7 @@ def test_gradients_match_reference_under_the_token_rule(dtype, dim, window):
     q_len = kv_len = 900
     q, k, v, dout = _qkv(2, 8, 2, q_len, kv_len, dim, dtype, gen=gen)
     doc, grp = _token_ids(2, kv_len, seed=11 + (window or 0))
-    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window))
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window))
 
 
 @pytest.mark.parametrize("window", [None, 200])
@@ -180,7 +180,7 @@ def test_token_ranges_give_the_gradients_of_the_ids(window):
     q, k, v, dout = _qkv(2, 8, 2, 1100, 1100, 128, torch.bfloat16, gen=gen)
     doc, grp = _token_ids(2, 1100, seed=17)
     doc[1, 800:900] = 0
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128, window=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window)
     assert (mask.token_rule.ranges[0] != RANGE_INEXACT).all() and (mask.token_rule.ranges[1] == RANGE_INEXACT).all()
     _check(dout, q, k, v, mask)
     scale = q.shape[-1] ** -0.5
@@ -194,7 +194,7 @@ def test_token_rule_ids_broadcast_over_the_batch():
     gen = torch.Generator("cuda").manual_seed(5)
     q, k, v, dout = _qkv(3, 4, 1, 400, 400, 64, torch.bfloat16, gen=gen)
     doc, grp = _token_ids(1, 400, seed=5)
-    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=128))
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_size=(64, 128)))
 
 
 @pytest.mark.parametrize("q_len", [1, 63, 200])
@@ -202,7 +202,7 @@ def test_token_rule_ids_broadcast_over_the_batch():
 def test_causal_with_fewer_queries_than_keys_is_bottom_right_aligned(q_len, block_q, block_kv):
     gen = torch.Generator("cuda").manual_seed(q_len)
     q, k, v, dout = _qkv(1, 4, 4, q_len, 1031, 128, torch.float16, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.causal(q_len, 1031, block_q=block_q, block_kv=block_kv))
+    _check(dout, q, k, v, OmniBlockMask.causal(q_len, 1031, block_size=(block_q, block_kv)))
 
 
 @pytest.mark.parametrize("length, dtype, dim", [(4100, torch.bfloat16, 128), (4097, torch.float16, 64)])
@@ -210,7 +210,7 @@ def test_long_sequences_with_tails(length, dtype, dim):
     gen = torch.Generator("cuda").manual_seed(length)
     q, k, v, dout = _qkv(1, 2, 1, length, length, dim, dtype, gen=gen)
     doc, grp = _token_ids(1, length, seed=length)
-    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128))
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_size=128))
 
 
 @pytest.mark.parametrize("softcap", [5.0, 30.0])
@@ -219,7 +219,7 @@ def test_softcap_gradients(softcap):
     q, k, v, dout = _qkv(2, 4, 2, 333, 333, 128, torch.bfloat16, gen=gen)
     q = (q.float() * 3).to(q.dtype)  # large scores, so the cap bends them
     dense = _block_mixture(1, 1, 333, 333, 64, 128, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=64, block_kv=128), scale=0.2, softcap=softcap)
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_size=(64, 128)), scale=0.2, softcap=softcap)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -227,7 +227,7 @@ def test_transposed_bshd_inputs(dtype):
     gen = torch.Generator("cuda").manual_seed(3)
     q, k, v, dout = _qkv(2, 8, 2, 259, 259, 128, dtype, bshd=True, gen=gen)
     assert not q.is_contiguous() and q.stride(-1) == 1
-    _check(dout, q, k, v, OmniBlockMask.causal(259, block_q=64, block_kv=128))
+    _check(dout, q, k, v, OmniBlockMask.causal(259, block_size=(64, 128)))
 
 
 @pytest.mark.parametrize("block", [64, 128])
@@ -237,15 +237,14 @@ def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient(block):
     dense = torch.rand(1, 4, 300, 280, generator=gen, device="cuda") < 0.3
     dense[:, :, 40:170] = False  # whole query blocks with no key
     dense[:, :, :, 200:] = False  # keys nobody sees, including the tail
-    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_q=block, block_kv=block))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(dense, block_size=block))
 
 
 @pytest.mark.parametrize("block_kv", [64, 128])
 def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block_kv):
     gen = torch.Generator("cuda").manual_seed(block_kv)
     q, k, v, dout = _qkv(2, 4, 2, 190, 250, 128, torch.bfloat16, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_q=64,
-                                                   block_kv=block_kv))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_size=(64, block_kv)))
 
 
 @pytest.mark.parametrize("window", [None, 1, 150])
@@ -255,7 +254,7 @@ def test_implicit_causal_mask_gradients(block_q, block_kv, q_len, kv_len, window
     """Implicit causal masks (no lists): the backward derives every column's blocks, windows included."""
     gen = torch.Generator("cuda").manual_seed(q_len + kv_len + (window or 0))
     q, k, v, dout = _qkv(2, 4, 2, q_len, kv_len, 128, torch.bfloat16, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.causal(q_len, kv_len, window=window, block_q=block_q, block_kv=block_kv))
+    _check(dout, q, k, v, OmniBlockMask.causal(q_len, kv_len, window=window, block_size=(block_q, block_kv)))
 
 
 @pytest.mark.parametrize("q_len, kv_len", [(1, 700), (700, 300), (513, 513)])
@@ -277,7 +276,7 @@ def test_backward_outputs_keep_the_layout_of_their_inputs():
 def test_library_errors_name_the_failed_check():
     gen = torch.Generator("cuda").manual_seed(1)
     q, k, v, dout = _qkv(1, 2, 1, 128, 128, 96, torch.float16, gen=gen)
-    mask = OmniBlockMask.causal(128, block_q=64, block_kv=64)
+    mask = OmniBlockMask.causal(128, block_size=64)
     out, lse = reference.attention_forward(q, k, v, mask, 0.125)
     with pytest.raises(RuntimeError, match="omni_bwd failed: head_dim.*head_dim=96"):
         library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), 0.125, None)
@@ -292,7 +291,7 @@ def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(ker
     out, lse = reference.attention_forward(q, k, v, OmniBlockMask.causal(300, 300), 0.125)
 
     def main_kernels(block_q, block_kv):
-        mask = OmniBlockMask.causal(300, 300, block_q=block_q, block_kv=block_kv)
+        mask = OmniBlockMask.causal(300, 300, block_size=(block_q, block_kv))
         names = kernel_names(lambda: library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), 0.125, None), "bwd")
         return [n for n in names if "preprocess" not in n and "convert" not in n]
 

@@ -186,8 +186,8 @@ def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path
     out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
     for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
         q_len, kv_len, block_q, block_kv, window, kind = case
-        mask = (OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv, window=window or None)
-                if kind == 1 else OmniBlockMask.full(q_len, kv_len, block_q=block_q, block_kv=block_kv))
+        mask = (OmniBlockMask.causal(q_len, kv_len, block_size=(block_q, block_kv), window=window or None)
+                if kind == 1 else OmniBlockMask.full(q_len, kv_len, block_size=(block_q, block_kv)))
         views = {"r": {}, "c": {}}
         for entry in filter(None, block.split("\n")):
             view, qb, kb, kind_ = entry.split()

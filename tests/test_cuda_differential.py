@@ -120,10 +120,10 @@ def mask_of(case: Case, gen: torch.Generator) -> tuple[OmniBlockMask, torch.Tens
     block_q, block_kv = case.blocks
     if case.kind == "dense":
         dense = random_block_dense(case, gen)
-        return OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), dense
+        return OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), dense
     doc, grp = (ids.cuda() for ids in random_token_ids(2, case.kv_len, case.seed))
     doc = doc[:1] if case.ids_batch == 1 else doc
-    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=case.q_len, block_q=block_q, block_kv=block_kv,
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=case.q_len, block_size=(block_q, block_kv),
                                         window=case.window)
     return mask, token_rule_dense(doc.expand(2, -1), grp, case.q_len, case.window)
 

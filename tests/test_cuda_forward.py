@@ -88,7 +88,7 @@ def test_random_mixture_of_every_block_type(dtype, dim, blocks):
     block_q, block_kv = blocks
     q_len, kv_len = (1000, 1000) if block_q == block_kv else (700, 1000)
     dense = random_block_dense(1, 4, q_len, kv_len, block_q, block_kv, seed=dim + block_q + block_kv)
-    mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv))
     active = torch.arange(mask.kv.indices.shape[-1], device="cuda") < mask.kv.num_blocks[..., None]
     types = set(mask.kv.types[active].tolist())
     assert {1, 2, 3} <= types, f"the draw should hold FULL, CAUSAL and PARTIAL blocks, got {types}"
@@ -102,7 +102,7 @@ def test_random_mixture_of_every_block_type(dtype, dim, blocks):
 def test_token_rule_packed_interleaved_documents(dtype, dim, blocks):
     block_q, block_kv = blocks
     doc, grp = packed_vlm_ids(2, 1500, seed=dim + block_q, device="cuda")
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=(block_q, block_kv))
     q, k, v = _qkv(2, 4, 1, 1500, 1500, dim, dtype, seed=2)
     assert_matches_reference(q, k, v, mask, ref_mask=mask.to_dense())
 
@@ -118,7 +118,7 @@ def test_token_rule_with_fewer_queries_than_keys(q_len):
 @pytest.mark.parametrize("window", (1, 100, 700))
 def test_token_rule_with_sliding_window(window):
     doc, grp = packed_vlm_ids(1, 2000, seed=window, device="cuda")
-    mask = OmniBlockMask.from_token_ids(doc, grp, window=window, block_q=64, block_kv=128)
+    mask = OmniBlockMask.from_token_ids(doc, grp, window=window, block_size=(64, 128))
     q, k, v = _qkv(1, 4, 2, 2000, 2000, 64, torch.float16, seed=4)
     assert_matches_reference(q, k, v, mask)
 
@@ -159,7 +159,7 @@ def test_gqa_ratios(heads_q, heads_kv):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_bshd_inputs_are_read_in_place_and_out_keeps_their_layout(dtype, blocks):
     doc, grp = packed_vlm_ids(2, 1100, seed=6, device="cuda")
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=blocks[0], block_kv=blocks[1])
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=(blocks[0], blocks[1]))
     q, k, v = _qkv(2, 8, 2, 1100, 1100, 64, dtype, seed=6, bshd=True)
     assert not q.is_contiguous() and q.stride(-1) == 1
     out, _ = assert_matches_reference(q, k, v, mask)
@@ -223,7 +223,7 @@ def test_dense_mask_with_empty_rows_and_columns():
     dense = random_block_dense(1, 2, 500, 800, 64, 64, seed=11)
     dense[..., 10:90, :] = False
     dense[..., :, 300:420] = False
-    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_dense(dense, block_size=64)
     q, k, v = _qkv(1, 2, 1, 500, 800, 128, torch.float16, seed=11)
     assert_matches_reference(q, k, v, mask, ref_mask=dense)
 
@@ -273,7 +273,7 @@ def test_misaligned_inputs_are_copied_and_give_the_reference_result():
 @pytest.mark.parametrize("blocks", ((128, 128), (64, 64), (64, 128)))
 def test_implicit_causal_mask_with_windows_matches_reference(blocks, q_len, kv_len, window):
     """Causal masks are implicit (no lists): the kernels derive every block, windows included."""
-    mask = OmniBlockMask.causal(q_len, kv_len, window=window, block_q=blocks[0], block_kv=blocks[1])
+    mask = OmniBlockMask.causal(q_len, kv_len, window=window, block_size=(blocks[0], blocks[1]))
     q, k, v = _qkv(2, 4, 2, q_len, kv_len, 128, torch.bfloat16, seed=q_len + kv_len + (window or 0))
     assert_matches_reference(q, k, v, mask, ref_mask=mask.to_dense("cuda"))
 
@@ -296,7 +296,7 @@ def _forward_kernel_names(q, k, v, mask) -> list[str]:
 def test_hopper_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(kernel_path, blocks, hopper_kernel):
     """The sm_90a kernel takes mask blocks of 128 keys (64 or 128 rows) on Hopper; others and the switch fall back."""
     q, k, v = _qkv(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=12)
-    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_q=blocks[0], block_kv=blocks[1]))
+    names = _forward_kernel_names(q, k, v, OmniBlockMask.causal(300, 300, block_size=(blocks[0], blocks[1])))
     assert len(names) == 1 and ("sm90::" in names[0]) == (hopper_kernel and kernel_path == "sm90"), names
 
 
@@ -325,7 +325,7 @@ def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, 
         mask = OmniBlockMask.causal(q_len, q_len)
     else:
         dense = random_block_dense(batch, 1, q_len, q_len, 128, 128, seed=dim)
-        mask = OmniBlockMask.from_dense(dense, block_q=128, block_kv=128)
+        mask = OmniBlockMask.from_dense(dense, block_size=128)
     q, k, v = _qkv(batch, heads, 1, q_len, q_len, dim, torch.float16, seed=heads)
     names = _forward_kernel_names(q, k, v, mask)
     assert len(names) == 1 and _cta_rows(names[0]) == (128 if extra_head else 64), names

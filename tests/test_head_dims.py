@@ -102,7 +102,7 @@ def _case(kind, batch, heads_q, heads_kv, length, dim, dtype, seed):
         return q, k, v, dout, OmniBlockMask.causal(length, length), causal_dense(length, length).cuda()
     block = int(kind.removeprefix("blocks"))
     dense = _block_mixture(length, block, torch.Generator().manual_seed(seed))
-    return q, k, v, dout, OmniBlockMask.from_dense(dense, block_q=block, block_kv=block).to("cuda"), dense.cuda()
+    return q, k, v, dout, OmniBlockMask.from_dense(dense, block_size=block).to("cuda"), dense.cuda()
 
 
 def _run(q, k, v, dout, mask):

@@ -87,7 +87,7 @@ def random_block_mixture(batch, heads, q_len, kv_len, block_q, block_kv, gen) ->
 @given(lengths(), block_sizes, block_sizes)
 def test_causal_matches_bottom_right_triangle(sizes, block_q, block_kv):
     q_len, kv_len = sizes
-    mask = OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.causal(q_len, kv_len, block_size=(block_q, block_kv))
     assert torch.equal(mask.to_dense()[0, 0], causal_dense(q_len, kv_len))
     mask.validate()
 
@@ -96,7 +96,7 @@ def test_causal_matches_bottom_right_triangle(sizes, block_q, block_kv):
 @given(lengths(), block_sizes, block_sizes, st.integers(1, 300))
 def test_causal_sliding_window_matches_definition(sizes, block_q, block_kv, window):
     q_len, kv_len = sizes
-    mask = OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv, window=window)
+    mask = OmniBlockMask.causal(q_len, kv_len, block_size=(block_q, block_kv), window=window)
     qpos = torch.arange(q_len)[:, None] + kv_len - q_len
     j = torch.arange(kv_len)[None]
     assert torch.equal(mask.to_dense()[0, 0], (j <= qpos) & (qpos - j < window))
@@ -108,7 +108,7 @@ def test_from_token_ids_matches_token_rule(ids, block_q, block_kv, data):
     doc, grp = ids
     q_len = data.draw(st.integers(1, doc.shape[1]))
     window = data.draw(st.one_of(st.none(), st.integers(1, 300)))
-    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=(block_q, block_kv), window=window)
     mask.validate()
     assert torch.equal(mask.to_dense(), token_rule_dense(doc, grp, q_len, window))
 
@@ -119,7 +119,7 @@ def test_from_token_ids_claims_full_and_causal_only_where_exact(ids, block):
     """The summary-based classifier may leave a block PARTIAL, but every FULL / CAUSAL / absent claim
     must equal the tightest classification of the dense mask."""
     doc, grp = ids
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=block, block_kv=block)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=block)
     claimed, _ = mask.block_table()
     tight = block_types_by_definition(token_rule_dense(doc, grp, doc.shape[1]), block, block)
     decided = claimed != BlockType.PARTIAL
@@ -131,13 +131,13 @@ def test_from_token_ids_claims_full_and_causal_only_where_exact(ids, block):
 def test_from_dense_classifies_tightest_and_round_trips(sizes, block_q, block_kv, batch, heads, seed):
     q_len, kv_len = sizes
     dense = random_block_mixture(batch, heads, q_len, kv_len, block_q, block_kv, torch.Generator().manual_seed(seed))
-    mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv))
     mask.validate()
     assert torch.equal(mask.to_dense(), dense)
     types, pool_ids = mask.block_table()
     assert torch.equal(types, block_types_by_definition(dense, block_q, block_kv))
     assert mask.partial_pool.shape[0] == torch.unique(pool_ids[types == BlockType.PARTIAL]).numel()
-    again = OmniBlockMask.from_dense(mask.to_dense(), block_q=block_q, block_kv=block_kv)
+    again = OmniBlockMask.from_dense(mask.to_dense(), block_size=(block_q, block_kv))
     assert torch.equal(again.to_dense(), dense)
 
 
@@ -148,7 +148,7 @@ def test_from_dense_keeps_pool_ids_on_their_blocks_across_row_chunks_with_batch_
 
     monkeypatch.setattr(dense_module, "DENSE_CHUNK_ELEMENTS", 2 * 3 * 64 * 300)  # one block row per chunk
     dense = torch.rand(2, 3, 300, 300, generator=torch.Generator().manual_seed(3)) < 0.9
-    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_dense(dense, block_size=64)
     mask.validate()
     assert torch.equal(mask.to_dense(), dense)
 
@@ -165,7 +165,7 @@ def test_token_ids_with_a_batch_of_one_broadcast_against_the_other():
     doc = torch.zeros(1, 200, dtype=torch.int32)
     grp = torch.full((3, 200), -1, dtype=torch.int32)
     grp[0, 10:50], grp[2, 100:180] = 0, 1
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=64)
     assert mask.batch == 3
     assert torch.equal(mask.to_dense(), token_rule_dense(doc.expand(3, -1), grp, 200))
     with pytest.raises(ValueError, match="group_ids: expected the shape of doc_ids"):
@@ -175,7 +175,7 @@ def test_token_ids_with_a_batch_of_one_broadcast_against_the_other():
 def test_from_dense_deduplicates_identical_partial_blocks():
     pattern = torch.rand(64, 64, generator=torch.Generator().manual_seed(0)) < 0.5
     dense = pattern.repeat(3, 3)  # nine identical partial blocks
-    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_dense(dense, block_size=64)
     assert mask.partial_pool.shape[0] == 1
     assert int(mask.kv.num_blocks.sum()) == 9
     assert torch.equal(mask.to_dense()[0, 0], dense)
@@ -189,7 +189,7 @@ def test_from_mask_fn_matches_mask_mod(sizes, block_q, block_kv, period):
     def mask_mod(b, h, q_idx, kv_idx):
         return ((q_idx // period) == (kv_idx // period)) | ((kv_idx + h) % 3 == b)
 
-    mask = OmniBlockMask.from_mask_fn(mask_mod, q_len, kv_len, batch=2, heads=3, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_mask_fn(mask_mod, q_len, kv_len, batch=2, heads=3, block_size=(block_q, block_kv))
     b, h = torch.arange(2)[:, None, None, None], torch.arange(3)[None, :, None, None]
     q, kv = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
     assert torch.equal(mask.to_dense(), mask_mod(b, h, q, kv))
@@ -236,7 +236,7 @@ def packed_rows(draw):
 @given(packed_rows(), block_sizes)
 def test_from_spans_matches_spans_definition(rows, block):
     spans, seq_len, samples = rows
-    mask = OmniBlockMask.from_spans(spans, seq_len, sample_lengths=samples, block_q=block, block_kv=block)
+    mask = OmniBlockMask.from_spans(spans, seq_len, sample_lengths=samples, block_size=block)
     assert torch.equal(mask.to_dense(), spans_dense(spans, seq_len, samples))
 
 
@@ -259,15 +259,15 @@ def test_from_spans_rejects_bad_spans(spans, samples, message):
 def test_batch_and_head_broadcast_equals_expanded_mask():
     gen = torch.Generator().manual_seed(1)
     dense = random_block_mixture(1, 1, 200, 200, 64, 64, gen)
-    small = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
-    expanded = OmniBlockMask.from_dense(dense.expand(3, 4, -1, -1).clone(), block_q=64, block_kv=64)
+    small = OmniBlockMask.from_dense(dense, block_size=64)
+    expanded = OmniBlockMask.from_dense(dense.expand(3, 4, -1, -1).clone(), block_size=64)
     assert small.batch == 1 and small.heads == 1 and expanded.batch == 3 and expanded.heads == 4
     assert torch.equal(small.to_dense().expand(3, 4, -1, -1), expanded.to_dense())
 
 
 def test_column_view_lists_the_same_blocks_as_the_row_view():
     dense = random_block_mixture(2, 1, 300, 250, 128, 64, torch.Generator().manual_seed(2))
-    mask = OmniBlockMask.from_dense(dense, block_q=128, block_kv=64)
+    mask = OmniBlockMask.from_dense(dense, block_size=(128, 64))
     row_types, _ = mask.block_table()
     for b in range(2):
         for kb in range(mask.num_kv_blocks):
@@ -290,7 +290,7 @@ def test_token_ids_shapes_depend_only_on_sizes():
 
 
 def test_describe_draws_the_causal_picture():
-    text = OmniBlockMask.causal(256, 256, block_q=64, block_kv=64).describe()
+    text = OmniBlockMask.causal(256, 256, block_size=64).describe()
     header, *rows = text.splitlines()
     assert rows == ["C...", "FC..", "FFC.", "FFFC"]
     assert "F=6" in header and "C=4" in header and ".=6" in header
@@ -298,7 +298,7 @@ def test_describe_draws_the_causal_picture():
 
 def test_to_and_pin_memory_keep_the_mask():
     mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 50]), torch.tensor([[-1] * 20 + [0] * 60 + [-1] * 70]),
-                                        block_q=64, block_kv=64)
+                                        block_size=64)
     moved = mask.to("cpu", non_blocking=True)
     assert torch.equal(moved.to_dense(), mask.to_dense())
     if torch.cuda.is_available():
@@ -310,9 +310,9 @@ def test_flex_round_trip_keeps_the_element_rule():
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     doc = torch.tensor([[0] * 150 + [1] * 100 + [-1] * 20], dtype=torch.int32)
     grp = torch.tensor([[-1] * 30 + [0] * 70 + [-1] * 80 + [1] * 40 + [-1] * 50], dtype=torch.int32)
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_q=128, block_kv=128)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=128)
     block_mask = mask.to_flex()
-    back = OmniBlockMask.from_flex(block_mask, block_q=64, block_kv=64)
+    back = OmniBlockMask.from_flex(block_mask, block_size=64)
     assert torch.equal(back.to_dense(), token_rule_dense(doc, grp, 270))
     q, k, v = (torch.randn(1, 2, 270, 16) for _ in range(3))
     out = flex.flex_attention(q, k, v, block_mask=block_mask)
@@ -346,7 +346,7 @@ def corrupt(mask: OmniBlockMask, part: str, **changes) -> OmniBlockMask:
 def test_validate_reports_each_broken_invariant():
     dense = random_block_mixture(1, 1, 256, 256, 64, 64, torch.Generator().manual_seed(3))
     dense[0, 0, :64, :64] = torch.rand(64, 64, generator=torch.Generator().manual_seed(4)) < 0.5  # one pooled block
-    mask = OmniBlockMask.from_dense(dense, block_q=64, block_kv=64)
+    mask = OmniBlockMask.from_dense(dense, block_size=64)
     mask.validate()
     row = int(torch.nonzero(mask.kv.num_blocks[0, 0] >= 2)[0])
     bad_index = mask.kv.indices.clone()
@@ -365,7 +365,7 @@ def test_validate_reports_each_broken_invariant():
     with pytest.raises(ValueError, match="column view"):
         corrupt(mask, "q", types=torch.where(mask.q.types == BlockType.FULL, BlockType.CAUSAL, mask.q.types).to(torch.int8)).validate()
     token_mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 100]), torch.tensor([[-1] * 50 + [0] * 100 + [-1] * 50]),
-                                              block_q=64, block_kv=64)
+                                              block_size=64)
     with pytest.raises(ValueError, match="token rule"):
         corrupt(token_mask, "mask", token_rule=None).validate()
     with pytest.raises(ValueError, match="partial_pool"):
@@ -374,8 +374,9 @@ def test_validate_reports_each_broken_invariant():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: OmniBlockMask.causal(0), "q_len: expected a positive int"),
-    (lambda: OmniBlockMask.causal(100, block_q=32), "block_q: expected one of"),
-    (lambda: OmniBlockMask.causal(100, block_kv=256), "block_kv: expected one of"),
+    (lambda: OmniBlockMask.causal(100, block_size=32), r"block_size: expected one of \(64, 128\) .*got 32"),
+    (lambda: OmniBlockMask.causal(100, block_size=(128, 256)), r"block_size: .*got \(128, 256\)"),
+    (lambda: OmniBlockMask.causal(100, block_size=(64, 64, 64)), "block_size: expected one of"),
     (lambda: OmniBlockMask.from_token_ids(torch.zeros(2, 10)), "doc_ids: expected an integer tensor"),
     (lambda: OmniBlockMask.from_token_ids(torch.zeros(2, 10, dtype=torch.int32), torch.zeros(2, 9, dtype=torch.int32)),
      "group_ids: expected the shape"),
@@ -387,6 +388,31 @@ def test_validate_reports_each_broken_invariant():
 def test_builders_reject_bad_input(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+@pytest.mark.parametrize("doc, grp, message", [
+    ([[0, 0, -5, 1, 1]], None, r"doc_ids: expected ids >= -1 \(-1 = padding\), got -5 at \[0, 2\]"),
+    ([[0, 0, 1, 1, -1], [0, 1, 1, 1, 1]], [[-1, 0, 0, -1, -1], [-1, -1, -3, -1, 0]],
+     r"group_ids: expected ids >= -1 \(-1 = causal text\), got -3 at \[1, 2\]"),
+])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_token_ids_below_minus_one_are_refused_naming_the_value_and_where(doc, grp, message, dtype):
+    doc, grp = torch.tensor(doc, dtype=dtype), None if grp is None else torch.tensor(grp, dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        OmniBlockMask.from_token_ids(doc, grp)
+
+
+@pytest.mark.parametrize("block_size", [(64, 128), (128, 64), 64])
+def test_block_size_pair_sets_each_side_and_keeps_the_rule(block_size):
+    doc, grp = packed_vlm_ids(2, 300, seed=5)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=250, block_size=block_size)
+    block_q, block_kv = block_size if isinstance(block_size, tuple) else (block_size, block_size)
+    assert (mask.block_q, mask.block_kv) == (block_q, block_kv)
+    assert (mask.num_q_blocks, mask.num_kv_blocks) == (-(-250 // block_q), -(-300 // block_kv))
+    mask.validate()
+    assert torch.equal(mask.to_dense(), token_rule_dense(doc, grp, 250))
+    dense = token_rule_dense(doc, grp, 300)
+    assert torch.equal(OmniBlockMask.from_dense(dense, block_size=block_size).to_dense(), dense)
 
 
 @pytest.mark.gpu
@@ -428,7 +454,7 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
     doc, grp = ids
     q_len = data.draw(st.integers(1, doc.shape[1]))
     window = data.draw(st.one_of(st.none(), st.integers(1, 3000)))
-    args = dict(q_len=q_len, block_q=block_q, block_kv=block_kv, window=window)
+    args = dict(q_len=q_len, block_size=(block_q, block_kv), window=window)
     expected = OmniBlockMask.from_token_ids(doc, grp, **args)
     from omni_hf.ops import library
 

@@ -101,7 +101,7 @@ def test_causal_masks_equal_the_bottom_right_window_definition(sizes, blocks, wi
     """Implicit causal masks: the blocks the kernels derive (and dense_rows) give the bottom-right triangle, cut by
     the window where there is one."""
     q_len, kv_len = sizes
-    mask = OmniBlockMask.causal(q_len, kv_len, block_q=blocks[0], block_kv=blocks[1], window=window)
+    mask = OmniBlockMask.causal(q_len, kv_len, block_size=(blocks[0], blocks[1]), window=window)
     qpos = torch.arange(q_len)[:, None] + kv_len - q_len
     j = torch.arange(kv_len)[None, :]
     expected = (j <= qpos) & (qpos - j < (window or kv_len + 1))
@@ -122,7 +122,7 @@ def test_from_token_ids_equals_the_token_rule_with_batch_padding_images_and_wind
     doc, grp = random_token_ids(3, kv_len, seed)
     doc = doc[:1] if ids_batch == "doc 1" else doc
     grp = grp[:1] if ids_batch == "group 1" else None if ids_batch == "text" else grp
-    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_q=blocks[0], block_kv=blocks[1], window=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=(blocks[0], blocks[1]), window=window)
     full_doc = doc.expand(3, -1)
     full_grp = torch.full_like(full_doc, -1) if grp is None else grp.expand(3, -1)
     assert mask.batch == 3
@@ -155,7 +155,7 @@ def packed_rows(draw, rows=3, max_len=700):
 @given(packed_rows(), st.sampled_from(BLOCKS))
 def test_from_spans_equals_the_spans_definition_for_packed_padded_rows(rows, blocks):
     spans, seq_len, samples = rows
-    mask = OmniBlockMask.from_spans(spans, seq_len, sample_lengths=samples, block_q=blocks[0], block_kv=blocks[1])
+    mask = OmniBlockMask.from_spans(spans, seq_len, sample_lengths=samples, block_size=(blocks[0], blocks[1]))
     assert_mask_is(mask, spans_dense(spans, seq_len, samples), seed=seq_len)
 
 
@@ -218,7 +218,7 @@ def test_from_dense_is_exact_and_tightest_across_row_chunks_with_batch_and_heads
     batch, heads, q_len, kv_len, (block_q, block_kv), chunk_rows, seed = case
     dense = random_dense(batch, heads, q_len, kv_len, block_q, block_kv, seed)
     shrink_builder_chunks(monkeypatch, chunk_rows, batch, heads, block_q, kv_len)
-    mask = OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv))
     assert_mask_is(mask, dense, seed=seed)
     nk = -(-kv_len // block_kv)
     types, pool_ids = table_from_lists(mask.kv.num_blocks, mask.kv.indices, mask.kv.types, mask.kv.partial, nk)
@@ -241,8 +241,7 @@ def test_from_mask_fn_is_exact_across_row_chunks_with_batch_and_heads(case, monk
         return (same_period | (((kv_idx + h) % 5 == b) & (kv_idx <= q_idx + h * 50))) & (q_idx % 13 != b + h)
 
     shrink_builder_chunks(monkeypatch, chunk_rows, batch, heads, block_q, kv_len)
-    mask = OmniBlockMask.from_mask_fn(mask_mod, q_len, kv_len, batch=batch, heads=heads, block_q=block_q,
-                                      block_kv=block_kv)
+    mask = OmniBlockMask.from_mask_fn(mask_mod, q_len, kv_len, batch=batch, heads=heads, block_size=(block_q, block_kv))
     if chunk_rows is not None:
         assert max(rows_seen) <= chunk_rows * block_q and len(rows_seen) > 1
     b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
@@ -284,7 +283,7 @@ def test_from_flex_keeps_flex_semantics_across_row_chunks_with_batch_and_heads(c
         b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
         assert torch.equal(expected, flex_mask_mod(b, h, torch.arange(q_len)[:, None], torch.arange(kv_len)[None]))
     shrink_builder_chunks(monkeypatch, chunk_rows, batch, heads, block_q, kv_len)
-    mask = OmniBlockMask.from_flex(block_mask, block_q=block_q, block_kv=block_kv)
+    mask = OmniBlockMask.from_flex(block_mask, block_size=(block_q, block_kv))
     assert_mask_is(mask, expected, seed=seed)
 
 
@@ -295,13 +294,13 @@ def test_to_flex_block_mask_has_the_same_element_rule(kind, blocks):
     block_q, block_kv = blocks
     if kind == "token ids, window":
         doc, grp = random_token_ids(2, 500, seed=7)
-        mask = OmniBlockMask.from_token_ids(doc, grp, q_len=430, block_q=block_q, block_kv=block_kv, window=90)
+        mask = OmniBlockMask.from_token_ids(doc, grp, q_len=430, block_size=(block_q, block_kv), window=90)
         expected = token_rule_dense(doc, grp, 430, 90)
     elif kind == "dense with heads":
         expected = random_dense(2, 3, 333, 420, block_q, block_kv, seed=8)
-        mask = OmniBlockMask.from_dense(expected, block_q=block_q, block_kv=block_kv)
+        mask = OmniBlockMask.from_dense(expected, block_size=(block_q, block_kv))
     else:
-        mask = OmniBlockMask.causal(300, 700, block_q=block_q, block_kv=block_kv, window=150)
+        mask = OmniBlockMask.causal(300, 700, block_size=(block_q, block_kv), window=150)
         qpos = torch.arange(300)[:, None] + 400
         expected = ((torch.arange(700) <= qpos) & (qpos - torch.arange(700) < 150))[None, None]
     got = flex_dense(mask.to_flex())
@@ -586,7 +585,7 @@ def test_from_key_padding_is_every_real_key_for_every_query_row(q_len, blocks):
     kv_len = 333
     keys = torch.rand(3, kv_len, generator=gen) < 0.7
     keys[0], keys[1, :50], keys[2, 250:] = True, False, False
-    mask = OmniBlockMask.from_key_padding(keys, q_len, block_q=blocks[0], block_kv=blocks[1])
+    mask = OmniBlockMask.from_key_padding(keys, q_len, block_size=(blocks[0], blocks[1]))
     mask.validate()
     expected = keys[:, None, None, :].expand(3, 1, q_len, kv_len)
     assert torch.equal(block_mask_dense(mask), expected)
@@ -634,13 +633,13 @@ def attention_mask_of(kind, batch, heads_q, q_len, kv_len, blocks, seed) -> tupl
     if kind == "token rule with padding":
         doc, grp = random_token_ids(batch, kv_len, seed)
         doc[:, kv_len - q_len:kv_len - q_len + 1] = -1  # the first query row is padding
-        mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_q=block_q, block_kv=block_kv, window=60)
+        mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=(block_q, block_kv), window=60)
         return mask, token_rule_dense(doc, grp, q_len, 60)
     if kind == "dense per head":
         dense = random_dense(batch, heads_q, q_len, kv_len, block_q, block_kv, seed)
         dense[:, :, 1::5] = False
-        return OmniBlockMask.from_dense(dense, block_q=block_q, block_kv=block_kv), dense
-    mask = OmniBlockMask.causal(q_len, kv_len, block_q=block_q, block_kv=block_kv, window=40)
+        return OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), dense
+    mask = OmniBlockMask.causal(q_len, kv_len, block_size=(block_q, block_kv), window=40)
     qpos = torch.arange(q_len)[:, None] + kv_len - q_len
     return mask, ((torch.arange(kv_len) <= qpos) & (qpos - torch.arange(kv_len) < 40))[None, None]
 
@@ -744,7 +743,7 @@ def test_from_mask_fn_is_exact_at_real_size_across_default_chunks():
 
 def test_from_token_ids_is_exact_at_real_size():
     doc, grp = random_token_ids(2, 4097, seed=4097)
-    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=3001, window=1500, block_q=64)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=3001, window=1500, block_size=(64, 128))
     assert_mask_is(mask, token_rule_dense(doc, grp, 3001, 1500), row_ranges=[(1019, 1094), (2043, 2118), (2990, 3001)])
 
 

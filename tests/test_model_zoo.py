@@ -444,17 +444,35 @@ def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
 # ---------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("model_class, config, unsupported", [
+@pytest.mark.parametrize("model_class, config, feature", [
+    # Older Transformers' T5 (5.12 and before) runs attention of its own, never the attention function.
     (T5ForConditionalGeneration, lambda: T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=1,
-                                                  num_heads=2, decoder_start_token_id=0), "position_bias"),
+                                                  num_heads=2, decoder_start_token_id=0),
+     r"(an additive position bias \(`position_bias`, as in T5\)|attention layers of its own \(they never call "
+     r"Transformers' attention function\))"),
     (GptOssForCausalLM, lambda: GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32,
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                             head_dim=16, num_local_experts=2, num_experts_per_tok=1), "s_aux"),
+                                             head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+     r"attention sinks \(`s_aux`, as in gpt-oss\)"),
 ], ids=["t5-position-bias", "gpt-oss-attention-sinks"])
-def test_unsupported_attention_raises_a_value_error_naming_it(model_class, config, unsupported):
-    """T5's relative position bias and GPT-OSS's attention sinks are refused, not silently dropped."""
-    model = model_class._from_config(config(), attn_implementation="omni").eval()
-    input_ids = text(1, 6, seed=17)
-    extra = {"decoder_input_ids": input_ids} if model.config.is_encoder_decoder else {}
-    with pytest.raises(ValueError, match=f"does not support `{unsupported}`; use `eager`"):
-        model(input_ids=input_ids, **extra)
+def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
+    """T5's relative position bias and GPT-OSS's attention sinks are refused when the model is built with omni (or
+    switched to it), not at the first forward, and never silently dropped."""
+    refusal = rf'attn_implementation="omni": {model_class.__name__} uses {feature}, which omni attention does not support'
+    with pytest.raises(ValueError, match=refusal):
+        model_class._from_config(config(), attn_implementation="omni")
+    model = model_class._from_config(config(), attn_implementation="eager")
+    try:
+        model.set_attn_implementation("omni")
+    except ValueError as error:
+        assert re.search(refusal, str(error)), error
+    else:  # a model whose layers never call the attention function: Transformers only warns, and keeps eager
+        assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("name, feature", [("s_aux", "attention sinks"), ("position_bias", "an additive position bias")])
+def test_the_attention_function_refuses_what_it_cannot_honour(name, feature):
+    """The same features reaching the attention function anyway (a model built around the check) raise there."""
+    q = torch.randn(1, 2, 6, 16)
+    with pytest.raises(ValueError, match=rf"does not support {feature} \(`{name}`.*; use `eager`"):
+        omni_attention_forward(torch.nn.Module(), q, q, q, None, **{name: torch.zeros(2)})

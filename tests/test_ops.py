@@ -15,7 +15,7 @@ def interleaved(batch=2, seq_len=200, seed=0):
     grp = torch.full_like(doc, -1)
     grp[:, 30:90] = 0
     grp[:, seq_len - 50: seq_len - 10] = 1
-    return OmniBlockMask.from_token_ids(doc, grp, block_q=64, block_kv=64), token_rule_dense(doc, grp, seq_len)
+    return OmniBlockMask.from_token_ids(doc, grp, block_size=64), token_rule_dense(doc, grp, seq_len)
 
 
 def qkv(batch=2, heads_q=4, heads_kv=2, seq_len=200, dim=32, seed=1, requires_grad=False):
@@ -64,7 +64,7 @@ def test_torch_compile_fullgraph_forward_backward_matches_eager(kind):
         mask, _ = interleaved()
         q, k, v = qkv(requires_grad=True)
     else:
-        mask = OmniBlockMask.causal(200, block_q=64, block_kv=64)
+        mask = OmniBlockMask.causal(200, block_size=64)
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in qkv())
 
     def loss(q, k, v, mask):
@@ -136,3 +136,13 @@ def test_autocast_runs_in_the_autocast_dtype_like_sdpa():
     assert out.dtype == torch.bfloat16
     expected, _ = naive_attention(*(x.bfloat16().double() for x in (q, k, v)), dense, 32 ** -0.5)
     assert relative_error(out, expected) < 1e-2  # bf16 rounding of the output only
+
+
+def test_inputs_in_transformers_bshd_layout_get_a_transpose_hint():
+    """q, k, v as [B, S, H, D] (Transformers' layout before its transpose) name the layout, not the mask."""
+    mask, _ = interleaved()
+    q, k, v = (x.transpose(1, 2).contiguous() for x in qkv())
+    with pytest.raises(ValueError, match=r"q: expected \[B, H, S, D\], got shape \(2, 200, 4, 32\), which looks like "
+                                         r"\[B, S, H, D\] .*pass q.transpose\(1, 2\), and k and v likewise"):
+        omni_attention(q, k, v, mask)
+    omni_attention(*(x.transpose(1, 2) for x in (q, k, v)), mask)  # the hint's fix runs

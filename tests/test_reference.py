@@ -30,7 +30,7 @@ def interleaved_mask(batch, kv_len, q_len, seed):
     grp = torch.full_like(doc, -1)
     grp[:, cut // 3: cut // 3 + cut // 2] = 0
     grp[:, cut + 1: cut + 1 + (kv_len - cut) // 2] = 1
-    return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_q=64, block_kv=64), token_rule_dense(doc, grp, q_len)
+    return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=64), token_rule_dense(doc, grp, q_len)
 
 
 @pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (4, 1), (8, 2)])

@@ -161,6 +161,63 @@ def test_attention_dropout_raises_and_output_attentions_warns(caplog):
     assert all(a is None for a in out.attentions)
 
 
+# ---------------------------------------------------------------------- what a user passes, and models served
+
+
+def _ids(rows, fill=0, dtype=torch.int64):
+    return torch.full((rows, 10), fill, dtype=dtype)
+
+
+def _with(ids, index, value):
+    ids = ids.clone()
+    ids[index] = value
+    return ids
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(omni_doc_ids=_ids(2)[:, :8]), ValueError,
+     r"omni_doc_ids: expected one id per key, shape \[B, kv_len=10\] \(the tokens of input_ids and any cached before "
+     r"them\), got shape \[2, 8\]"),
+    (dict(omni_group_ids=_ids(2, -1)[:, :9]), ValueError, r"omni_group_ids: expected one id per key.* got shape \[2, 9\]"),
+    (dict(omni_doc_ids=_ids(3)), ValueError,
+     r"omni_doc_ids: expected batch 1 or 2 \(that of input_ids\), got shape \[3, 10\]"),
+    (dict(omni_doc_ids=_ids(2).float()), TypeError, r"omni_doc_ids: expected integer ids .*torch.float32"),
+    (dict(omni_doc_ids=_with(_ids(2), (1, 7), -5)), ValueError,
+     r"omni_doc_ids: expected ids >= -1 \(-1 = padding\), got -5 at \[1, 7\]"),
+    (dict(omni_doc_ids=_ids(2), omni_group_ids=_with(_ids(2, -1), (0, 4), -3)), ValueError,
+     r"omni_group_ids: expected ids >= -1 \(-1 = causal text\), got -3 at \[0, 4\]"),
+    (dict(omni_block_mask=OmniBlockMask.causal(8)), ValueError,
+     r"omni_block_mask: expected q_len=10, kv_len=10 .*got q_len=8, kv_len=8"),
+    (dict(omni_block_mask=OmniBlockMask.from_token_ids(_ids(3))), ValueError,
+     r"omni_block_mask: expected batch 1 or 2 \(that of input_ids\), got 3"),
+    (dict(omni_block_mask=_ids(2)), TypeError, r"omni_block_mask: expected an OmniBlockMask, got Tensor"),
+], ids=["doc-short", "group-short", "doc-batch", "doc-float", "doc-below", "group-below", "mask-lengths",
+        "mask-batch", "mask-type"])
+def test_mask_kwargs_errors_name_the_kwarg_what_was_expected_and_received(kwargs, error, message):
+    model = AutoModelForCausalLM.from_config(llama_config(), attn_implementation="omni").eval()
+    with torch.no_grad(), pytest.raises(error, match=message):
+        model(tokens(2, 10), **kwargs)
+
+
+def test_token_id_kwargs_given_as_lists_are_converted():
+    model = AutoModelForCausalLM.from_config(llama_config(), attn_implementation="omni").eval()
+    doc, grp, position_ids = interleaved_ids("cpu")
+    input_ids = tokens(2, SEQ)
+    with torch.no_grad():
+        as_tensors = model(input_ids, position_ids=position_ids, omni_doc_ids=doc, omni_group_ids=grp).logits
+        as_lists = model(input_ids, position_ids=position_ids, omni_doc_ids=doc.tolist(),
+                         omni_group_ids=grp.tolist()).logits
+    assert torch.equal(as_lists, as_tensors)
+
+
+@pytest.mark.parametrize("build", [causal_lm(llama_config()), causal_lm(gemma3_text_config()),
+                                   lambda attn: AutoModelForImageTextToText.from_config(gemma3_vlm_config(),
+                                                                                        attn_implementation=attn)],
+                         ids=["llama", "gemma3-text", "gemma3-vlm"])
+def test_models_omni_serves_build_with_it(build):
+    assert build("omni").config.get_text_config()._attn_implementation == "omni"
+
+
 # ---------------------------------------------------------------------- models against eager / sdpa
 
 

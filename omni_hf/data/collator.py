@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from ..mask import BLOCK_SIZES, OmniBlockMask
+from ..mask import OmniBlockMask
 from ..mask.spans import span_group_ids
+from ..mask.types import block_size_pair
 from .conversations import process_conversation
 from .images import find_images
 from .vision_inputs import VisionInputs
@@ -99,10 +100,10 @@ class OmniCollator:
     - ``omni_group_ids`` int32 ``[B, L]``: the span within its row, from 0 along the row (unique within a
       row); -1 on text and padding.
     - ``omni_block_mask`` (``return_block_mask=True``): an `OmniBlockMask` of the token rule, blocks of
-      ``block_size``, on CPU. It is in pinned memory when ``torch.cuda.is_available()`` and the collator
-      runs in the main process; in a DataLoader worker it is left unpinned (pinned memory does not survive
-      the trip to the main process), so pass ``DataLoader(pin_memory=True)``, which pins it there (Trainer
-      does by default).
+      ``block_size`` (64 or 128, or a ``(block_q, block_kv)`` pair), on CPU. It is in pinned memory when
+      ``torch.cuda.is_available()`` and the collator runs in the main process; in a DataLoader worker it is
+      left unpinned (pinned memory does not survive the trip to the main process), so pass
+      ``DataLoader(pin_memory=True)``, which pins it there (Trainer does by default).
 
     Pass-through: for every other key, with mode ``"pad"`` and every sample holding a value of one
     shape, the values are stacked: ``[B, *shape]``. Otherwise the values of the output samples are
@@ -123,7 +124,7 @@ class OmniCollator:
         pad_to_multiple_of: int | None = None,
         padding_side: str = "right",
         return_block_mask: bool = False,
-        block_size: int = 128,
+        block_size: int | tuple[int, int] = 128,
         label_ignore_index: int = -100,
         train_on_prompt: bool = True,
         split_long_text: bool = False,
@@ -132,7 +133,7 @@ class OmniCollator:
     ) -> None:
         _check_choice("mode", mode, MODES)
         _check_choice("padding_side", padding_side, PADDING_SIDES)
-        _check_choice("block_size", block_size, BLOCK_SIZES)
+        block_size_pair(block_size)  # raises a ValueError naming block_size
         for name, value in (("pad_token_id", pad_token_id), ("label_ignore_index", label_ignore_index)):
             if not isinstance(value, int):
                 raise ValueError(f"{name}: expected an int, got {value!r}")
@@ -312,7 +313,9 @@ def _read_sample(sample: Mapping[str, Any], index: int, vision: VisionInputs | N
     if "input_ids" not in sample and ("messages" in sample or "prompt" in sample):
         raise ValueError(f"samples[{index}]['input_ids']: expected token ids (a conversation needs a collator with a "
                          "processor: OmniCollator.from_processor), got a conversation without them")
-    input_ids = _int_vector(sample.get("input_ids"), index, "input_ids")
+    if sample.get("input_ids") is None:
+        raise ValueError(f"samples[{index}]['input_ids']: expected token ids, got no such key (keys: {sorted(sample)})")
+    input_ids = _int_vector(sample["input_ids"], index, "input_ids")
     if len(input_ids) == 0:
         raise ValueError(f"samples[{index}]['input_ids']: expected at least one token, got 0")
     labels = (input_ids if sample.get("labels") is None
@@ -556,10 +559,10 @@ def _check_trailing_shapes(key: str, rows: list[tuple[int, torch.Tensor]], sourc
                              f"(as the other samples, to concatenate), got {list(value.shape)}")
 
 
-def _block_mask(doc_ids: torch.Tensor, group_ids: torch.Tensor, block_size: int) -> OmniBlockMask:
+def _block_mask(doc_ids: torch.Tensor, group_ids: torch.Tensor, block_size: int | tuple[int, int]) -> OmniBlockMask:
     """The token-rule mask on CPU; pinned when CUDA is available, except in a DataLoader worker (see
     `OmniCollator`)."""
-    mask = OmniBlockMask.from_token_ids(doc_ids, group_ids, block_q=block_size, block_kv=block_size)
+    mask = OmniBlockMask.from_token_ids(doc_ids, group_ids, block_size=block_size)
     if torch.cuda.is_available() and get_worker_info() is None:
         mask = mask.pin_memory()
     return mask

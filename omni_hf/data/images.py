@@ -84,6 +84,11 @@ def _find_images(image_tokens: np.ndarray, images: dict[str, torch.Tensor], visi
 def _image_sizes(images: dict[str, torch.Tensor], vision: VisionInputs, image_tokens: int,
                  index: int) -> tuple[np.ndarray, str]:
     """int64 ``[n_images]`` tokens of each image, and where the sizes come from (for messages)."""
+    missing = [key for key in dict.fromkeys(("pixel_values", vision.count_key))
+               if key in vision.image_keys and key not in images]
+    if image_tokens and missing:
+        raise ValueError(f"samples[{index}]['{missing[0]}']: expected the vision inputs of the sample's "
+                         f"{image_tokens} image tokens, got no such key")
     if vision.mrope_merge_size is not None:
         return _grid_sizes(images, vision.mrope_merge_size, index)
     count = vision.count_key

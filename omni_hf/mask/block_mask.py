@@ -31,7 +31,7 @@ from .spans import token_ids_from_spans
 from .token_blocks import classify_token_blocks, implicit_block_table
 from .token_ranges import token_ranges
 from .token_rule import MaskMod, token_mask_mod
-from .types import CAUSAL, FULL, PARTIAL, BlockType, MaskKind
+from .types import CAUSAL, FULL, PARTIAL, BlockType, MaskKind, block_size_pair
 from .validation import check_sizes, check_token_ids, check_window, describe_value, validate
 
 __all__ = ["BlockLists", "OmniBlockMask", "TokenRule"]
@@ -153,26 +153,27 @@ class OmniBlockMask:
         q_len: int,
         kv_len: int | None = None,
         *,
-        block_q: int = 128,
-        block_kv: int = 128,
+        block_size: int | tuple[int, int] = 128,
         window: int | None = None,
     ) -> OmniBlockMask:
         """Causal mask with bottom-right alignment (query ``i`` sees keys ``j <= i + kv_len - q_len``).
 
         With ``window``, keys must also satisfy ``qpos - j < window``. Implicit (`MaskKind.CAUSAL`): nothing is
-        built, on any device; the kernels derive every block from its position.
+        built, on any device; the kernels derive every block from its position. ``block_size`` as in every
+        builder: 64 or 128 for both sides, or a ``(block_q, block_kv)`` pair of them (FlexAttention's ``BLOCK_SIZE``).
         """
-        return cls._implicit(MaskKind.CAUSAL, q_len, kv_len, block_q, block_kv, window)
+        return cls._implicit(MaskKind.CAUSAL, q_len, kv_len, block_size, window)
 
     @classmethod
-    def full(cls, q_len: int, kv_len: int | None = None, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+    def full(cls, q_len: int, kv_len: int | None = None, *, block_size: int | tuple[int, int] = 128) -> OmniBlockMask:
         """Every query sees every key (bidirectional attention, e.g. a vision tower). Implicit
         (`MaskKind.FULL`): nothing is built, on any device."""
-        return cls._implicit(MaskKind.FULL, q_len, kv_len, block_q, block_kv, None)
+        return cls._implicit(MaskKind.FULL, q_len, kv_len, block_size, None)
 
     @classmethod
-    def _implicit(cls, kind: MaskKind, q_len: int, kv_len: int | None, block_q: int, block_kv: int,
+    def _implicit(cls, kind: MaskKind, q_len: int, kv_len: int | None, block_size: int | tuple[int, int],
                   window: int | None) -> OmniBlockMask:
+        block_q, block_kv = block_size_pair(block_size)
         kv_len = q_len if kv_len is None else kv_len
         check_sizes(q_len, kv_len, block_q, block_kv)
         check_window(window)
@@ -185,8 +186,7 @@ class OmniBlockMask:
         group_ids: torch.Tensor | None = None,
         *,
         q_len: int | None = None,
-        block_q: int = 128,
-        block_kv: int = 128,
+        block_size: int | tuple[int, int] = 128,
         window: int | None = None,
     ) -> OmniBlockMask:
         """Token-rule mask from per-token ids: the VLM fast path, O(S) metadata and no pool.
@@ -196,7 +196,11 @@ class OmniBlockMask:
             group_ids: int, same shape: the bidirectional group (image) of each token, -1 = causal text.
                 None means all text. A batch of 1 in either broadcasts over the other's batch.
             q_len: number of query rows, the last ``q_len`` positions (default ``kv_len``).
+            block_size: 64 or 128, or a ``(block_q, block_kv)`` pair of them.
             window: optional sliding window for the causal part (``qpos - j < window``).
+
+        Ids below -1 raise a ValueError naming the argument, the value and where it is, when the ids are on the CPU;
+        on an accelerator that check would cost a host sync, so such ids are not checked there.
 
         Block summaries (min / max of doc and group per block) classify each block pair; fixed output
         shapes and no host sync. The mask also carries `TokenRule.ranges`, each position's allowed keys as one range
@@ -205,6 +209,7 @@ class OmniBlockMask:
         launches (``omni_build_token_mask``); elsewhere, under ``torch.compile`` tracing, or with
         ``OMNI_HF_BACKEND=reference``, vectorised PyTorch ops give the same tensors.
         """
+        block_q, block_kv = block_size_pair(block_size)
         doc_ids, group_ids = check_token_ids(doc_ids, group_ids)
         kv_len = doc_ids.shape[1]
         q_len = kv_len if q_len is None else q_len
@@ -213,16 +218,16 @@ class OmniBlockMask:
             raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
         check_window(window)
         pool = empty_pool(block_q, block_kv, doc_ids.device)
-        sizes = dict(q_len=q_len, kv_len=kv_len, block_q=block_q, block_kv=block_kv, window=window)
         if _library_builds_token_masks(doc_ids):
             from ..ops import library
 
             *lists, ranges = library.token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window)
-            return cls(kv=BlockLists(*lists[:4]), q=BlockLists(*lists[4:]), partial_pool=pool,
-                       token_rule=TokenRule(doc_ids, group_ids, ranges), **sizes)
+            return cls(q_len, kv_len, block_q, block_kv, kv=BlockLists(*lists[:4]), q=BlockLists(*lists[4:]),
+                       partial_pool=pool, token_rule=TokenRule(doc_ids, group_ids, ranges), window=window)
         types = classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
         rule = TokenRule(doc_ids, group_ids, token_ranges(doc_ids, group_ids, window))
-        return cls.from_block_table(types[:, None], None, pool, token_rule=rule, **sizes)
+        return cls.from_block_table(types[:, None], None, pool, q_len=q_len, kv_len=kv_len,
+                                    block_size=(block_q, block_kv), token_rule=rule, window=window)
 
     @classmethod
     def from_key_padding(
@@ -230,8 +235,7 @@ class OmniBlockMask:
         key_padding: torch.Tensor,
         q_len: int | None = None,
         *,
-        block_q: int = 128,
-        block_kv: int = 128,
+        block_size: int | tuple[int, int] = 128,
     ) -> OmniBlockMask:
         """Bidirectional attention over the real keys: every query row sees every key where ``key_padding`` is
         True. Query rows are never masked, so this serves cross-attention as well as encoders (whose padding rows
@@ -250,12 +254,12 @@ class OmniBlockMask:
             key_padding = key_padding[None]
         if key_padding.dim() != 2 or key_padding.shape[1] == 0:
             raise ValueError(f"key_padding: expected shape [B, kv_len] or [kv_len], got {tuple(key_padding.shape)}")
+        block_q, block_kv = block_size_pair(block_size)
         kv_len = key_padding.shape[1]
         q_len = kv_len if q_len is None else q_len
         check_sizes(q_len, kv_len, block_q, block_kv)
         types, pool_ids, pool = key_padding_table(key_padding, q_len, block_q, block_kv)
-        return cls.from_block_table(types, pool_ids, pool, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                                    block_kv=block_kv)
+        return cls.from_block_table(types, pool_ids, pool, q_len=q_len, kv_len=kv_len, block_size=(block_q, block_kv))
 
     @classmethod
     def from_spans(
@@ -264,8 +268,7 @@ class OmniBlockMask:
         seq_len: int,
         *,
         sample_lengths: Sequence[Sequence[int]] | None = None,
-        block_q: int = 128,
-        block_kv: int = 128,
+        block_size: int | tuple[int, int] = 128,
         device: torch.device | str | None = None,
     ) -> OmniBlockMask:
         """Interleaved text / image mask from per-row bidirectional spans.
@@ -280,10 +283,10 @@ class OmniBlockMask:
         """
         doc_ids, group_ids = token_ids_from_spans(spans, seq_len, sample_lengths)
         return cls.from_token_ids(torch.from_numpy(doc_ids).to(device), torch.from_numpy(group_ids).to(device),
-                                  block_q=block_q, block_kv=block_kv)
+                                  block_size=block_size)
 
     @classmethod
-    def from_dense(cls, dense: torch.Tensor, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+    def from_dense(cls, dense: torch.Tensor, *, block_size: int | tuple[int, int] = 128) -> OmniBlockMask:
         """Classify a dense bool mask ``[q_len, kv_len]`` or ``[B|1, H|1, q_len, kv_len]`` (True = allowed).
 
         Blocks are classified tightest: all allowed -> FULL, exactly the causal triangle -> CAUSAL,
@@ -296,8 +299,8 @@ class OmniBlockMask:
         if dense.dim() != 4:
             raise ValueError(f"dense: expected shape [q_len, kv_len] or [B, H, q_len, kv_len], got {tuple(dense.shape)}")
         batch, heads, q_len, kv_len = dense.shape
-        return cls._from_rows(lambda start, stop: dense[:, :, start:stop], batch, heads, q_len, kv_len, block_q,
-                              block_kv, dense.device)
+        return cls._from_rows(lambda start, stop: dense[:, :, start:stop], batch, heads, q_len, kv_len, block_size,
+                              dense.device)
 
     @classmethod
     def from_mask_fn(
@@ -308,8 +311,7 @@ class OmniBlockMask:
         *,
         batch: int = 1,
         heads: int = 1,
-        block_q: int = 128,
-        block_kv: int = 128,
+        block_size: int | tuple[int, int] = 128,
         device: torch.device | str | None = None,
     ) -> OmniBlockMask:
         """Classify a FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` tile row by tile row.
@@ -328,19 +330,19 @@ class OmniBlockMask:
             q = torch.arange(start, stop, device=device)[None, None, :, None]
             return torch.as_tensor(mask_mod(b, h, q, kv), device=device).expand(batch, heads, stop - start, kv_len)
 
-        return cls._from_rows(rows, batch, heads, q_len, kv_len, block_q, block_kv, device)
+        return cls._from_rows(rows, batch, heads, q_len, kv_len, block_size, device)
 
     @classmethod
-    def from_flex(cls, block_mask, *, block_q: int = 128, block_kv: int = 128) -> OmniBlockMask:
+    def from_flex(cls, block_mask, *, block_size: int | tuple[int, int] = 128) -> OmniBlockMask:
         """Convert a `torch.nn.attention.flex_attention.BlockMask` (its exact element-wise semantics:
         Flex's full blocks allowed, its partial blocks where ``mask_mod`` allows, the rest masked)."""
         rows, batch, heads = flex.flex_rows(block_mask)
         q_len, kv_len = block_mask.seq_lengths
-        return cls._from_rows(rows, batch, heads, q_len, kv_len, block_q, block_kv, block_mask.kv_indices.device)
+        return cls._from_rows(rows, batch, heads, q_len, kv_len, block_size, block_mask.kv_indices.device)
 
     @classmethod
     def from_block_table(cls, types: torch.Tensor, partial: torch.Tensor | None, partial_pool: torch.Tensor, *,
-                         q_len: int, kv_len: int, block_q: int = 128, block_kv: int = 128,
+                         q_len: int, kv_len: int, block_size: int | tuple[int, int] = 128,
                          token_rule: TokenRule | None = None, window: int | None = None) -> OmniBlockMask:
         """The one constructor every builder of block lists goes through: both views from a dense block table.
 
@@ -348,7 +350,9 @@ class OmniBlockMask:
             types: int8 ``[B, H, nQ, nK]`` `BlockType` of every block pair.
             partial: int32 pool ids of the same shape (-1 where none), or None (no pooled blocks).
             partial_pool: int32 ``[P, block_q, block_kv // 32]``.
+            block_size: 64 or 128, or a ``(block_q, block_kv)`` pair of them.
         """
+        block_q, block_kv = block_size_pair(block_size)
         row = block_lists(types, partial)
         col = block_lists(types.transpose(-1, -2).contiguous(),
                           None if partial is None else partial.transpose(-1, -2).contiguous())
@@ -356,13 +360,12 @@ class OmniBlockMask:
                    token_rule=token_rule, window=window)
 
     @classmethod
-    def _from_rows(cls, rows: dense.RowFunction, batch, heads, q_len, kv_len, block_q, block_kv,
-                   device) -> OmniBlockMask:
+    def _from_rows(cls, rows: dense.RowFunction, batch, heads, q_len, kv_len, block_size, device) -> OmniBlockMask:
         """Classify a dense mask given as ``rows(start, stop) -> bool [B, H, stop - start, kv_len]``."""
+        block_q, block_kv = block_size_pair(block_size)
         check_sizes(q_len, kv_len, block_q, block_kv)
         types, partial, pool = classify_rows(rows, batch, heads, q_len, kv_len, block_q, block_kv, device)
-        return cls.from_block_table(types, partial, pool, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                                    block_kv=block_kv)
+        return cls.from_block_table(types, partial, pool, q_len=q_len, kv_len=kv_len, block_size=block_size)
 
     # ------------------------------------------------------------------ the flat form the ops take
 

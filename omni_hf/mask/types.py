@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-__all__ = ["BLOCK_SIZES", "BlockType", "MaskKind"]
+__all__ = ["BLOCK_SIZES", "BlockType", "MaskKind", "block_size_pair"]
 
 BLOCK_SIZES = (64, 128)
 
@@ -44,3 +44,13 @@ def block_type(masked: torch.Tensor, full: torch.Tensor, causal: torch.Tensor) -
     f, c, m = (x.to(torch.uint8) for x in (full, causal, masked))  # a cast: Inductor cannot bitcast bool
     return ((3 - 2 * f - c + c * f) * (1 - m)).to(torch.int8)
 
+
+def block_size_pair(block_size) -> tuple[int, int]:
+    """``(block_q, block_kv)`` from ``block_size``: an int for both, or a ``(block_q, block_kv)`` pair (as
+    FlexAttention's ``BLOCK_SIZE``); each one of `BLOCK_SIZES`. Raises ValueError naming ``block_size``."""
+    pair = (block_size, block_size) if isinstance(block_size, int) else block_size
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2 or any(
+            isinstance(size, bool) or size not in BLOCK_SIZES for size in pair):
+        raise ValueError(f"block_size: expected one of {BLOCK_SIZES} or a (block_q, block_kv) pair of them, "
+                         f"got {block_size!r}")
+    return int(pair[0]), int(pair[1])

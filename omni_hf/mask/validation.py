@@ -9,7 +9,7 @@ from .lists import table_from_lists
 from .token_ranges import token_ranges
 from .types import BLOCK_SIZES, CAUSAL, FULL, PARTIAL, BlockType
 
-__all__ = ["check_sizes", "check_token_ids", "check_window", "describe_value", "validate"]
+__all__ = ["check_ids_from_minus_one", "check_sizes", "check_token_ids", "check_window", "describe_value", "validate"]
 
 
 def check_sizes(q_len: int, kv_len: int, block_q: int, block_kv: int) -> None:
@@ -46,8 +46,24 @@ def check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
                          f"side broadcasts), got {tuple(group_ids.shape)}")
     if group_ids.device != doc_ids.device:
         raise ValueError(f"group_ids: expected device {doc_ids.device} (that of doc_ids), got {group_ids.device}")
+    check_ids_from_minus_one("doc_ids", doc_ids, "padding")
+    check_ids_from_minus_one("group_ids", group_ids, "causal text")
     batch = max(doc_ids.shape[0], group_ids.shape[0])
     return tuple(ids.to(torch.int32).expand(batch, -1).contiguous() for ids in (doc_ids, group_ids))
+
+
+def check_ids_from_minus_one(name: str, ids: torch.Tensor, minus_one: str) -> None:
+    """Token-rule ids must be -1 (what ``minus_one`` says it means: padding, causal text) or a non-negative id; raise a
+    ValueError naming ``name``, the first offending value and where it is.
+
+    Checked where the ids are on the CPU (one reduction over them; the collator's ids are there until they move to the
+    model's device). On an accelerator, or while ``torch.compile`` traces, the check would cost a host sync, so those
+    ids are taken as they are.
+    """
+    if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0 or int(ids.min()) >= -1:
+        return
+    where = tuple(int(i) for i in torch.nonzero(ids < -1)[0])
+    raise ValueError(f"{name}: expected ids >= -1 (-1 = {minus_one}), got {int(ids[where])} at {list(where)}")
 
 
 def describe_value(value) -> str:

@@ -243,6 +243,9 @@ def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
             raise ValueError(f"{name}: expected device {q.device} (that of q), got {t.device}")
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: expected the last dim contiguous (stride 1), got strides {t.stride()}")
+    if isinstance(block_mask, OmniBlockMask) and _looks_like_bshd(q, k, block_mask):
+        raise ValueError(f"q: expected [B, H, S, D], got shape {tuple(q.shape)}, which looks like [B, S, H, D] (dim 1 "
+                         f"is the mask's q_len={block_mask.q_len}); pass q.transpose(1, 2), and k and v likewise")
     batch, heads_q, q_len, dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
@@ -257,6 +260,12 @@ def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
         raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0 and math.isfinite(softcap)):
         raise ValueError(f"softcap: expected a positive finite float or None, got {softcap!r}")
+
+
+def _looks_like_bshd(q: torch.Tensor, k: torch.Tensor, block_mask: OmniBlockMask) -> bool:
+    """q and k in Transformers' ``[B, S, H, D]`` layout, not transposed: their dim 1, not 2, holds the mask's lengths."""
+    return (q.shape[2], k.shape[2]) != (block_mask.q_len, block_mask.kv_len) and (
+        q.shape[1], k.shape[1]) == (block_mask.q_len, block_mask.kv_len)
 
 
 def _check_mask(block_mask, q, k) -> None:

@@ -36,11 +36,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from transformers.utils import logging
 
 from ...mask import OmniBlockMask
+from ...mask.validation import check_ids_from_minus_one, describe_value
 from ...ops import omni_attention
+from .model_support import UNSUPPORTED_FEATURES
 from .spec import OmniMaskSpec, block_mask_from_spec
 
 __all__ = ["omni_attention_forward"]
@@ -78,9 +81,9 @@ def omni_attention_forward(
     if dropout > 0:
         raise ValueError("`omni` attention does not support attention dropout. Use the model in eval mode "
                          "(`model.eval()`) or set the attention dropout of its config to 0.")
-    for name in ("s_aux", "position_bias"):
+    for name, feature in UNSUPPORTED_FEATURES.items():
         if kwargs.get(name) is not None:
-            raise ValueError(f"`omni` attention does not support `{name}`; use `eager` for this model.")
+            raise ValueError(f"`omni` attention does not support {feature}; use `eager` for this model.")
     if kwargs.get("output_attentions"):
         logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
                             "use `eager` to get them.")
@@ -101,13 +104,15 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
         return OmniBlockMask.full(q_len, kv_len), None
+    batch = query.shape[0]
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
+        _check_block_mask_kwarg(block_mask, batch, q_len, kv_len)
         return _once(mask, ("block", device), lambda: (block_mask.to(device, non_blocking=True), None))
-    doc_ids, group_ids = kwargs.get("omni_doc_ids"), kwargs.get("omni_group_ids")
-    if doc_ids is not None or group_ids is not None:
+    if kwargs.get("omni_doc_ids") is not None or kwargs.get("omni_group_ids") is not None:
         def from_ids():
-            doc = (doc_ids if doc_ids is not None else torch.zeros_like(group_ids)).to(device, non_blocking=True)
-            grp = None if group_ids is None else group_ids.to(device, non_blocking=True)
+            doc, grp = (_token_ids_kwarg(name, kwargs.get(name), minus_one, batch, kv_len, device)
+                        for name, minus_one in (("omni_doc_ids", "padding"), ("omni_group_ids", "causal text")))
+            doc = doc if doc is not None else torch.zeros_like(grp)
             return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=sliding_window), None
         return _once(mask, ("ids", sliding_window, device), from_ids)
     if isinstance(mask, OmniMaskSpec):
@@ -118,6 +123,40 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
         return OmniBlockMask.from_dense(mask.to(device)), None
     raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
                     f"[B, H, q_len, kv_len] tensor, got {type(mask).__name__} {getattr(mask, 'dtype', '')}")
+
+
+def _token_ids_kwarg(name: str, ids, minus_one: str, batch: int, kv_len: int, device) -> torch.Tensor | None:
+    """The kwarg ``name`` (``omni_doc_ids`` / ``omni_group_ids``) as int ids ``[B|1, kv_len]`` on ``device``, or None.
+
+    A list (or numpy array) is converted to a tensor. Errors name the kwarg, what was expected and what was received;
+    ids below -1 are refused where they are still on the CPU (`omni_hf.mask.validation.check_ids_from_minus_one`).
+    """
+    if ids is None:
+        return None
+    if isinstance(ids, (list, tuple, np.ndarray)):
+        ids = torch.as_tensor(np.asarray(ids))
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer ids [B, kv_len] (a tensor, or a list converted to one), got "
+                        f"{describe_value(ids)}")
+    ids = ids[None] if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[1] != kv_len:
+        raise ValueError(f"{name}: expected one id per key, shape [B, kv_len={kv_len}] (the tokens of input_ids and "
+                         f"any cached before them), got shape {list(ids.shape)}")
+    if ids.shape[0] not in (1, batch):
+        raise ValueError(f"{name}: expected batch 1 or {batch} (that of input_ids), got shape {list(ids.shape)}")
+    check_ids_from_minus_one(name, ids, minus_one)
+    return ids.to(device, non_blocking=True)
+
+
+def _check_block_mask_kwarg(block_mask, batch: int, q_len: int, kv_len: int) -> None:
+    """``omni_block_mask`` must be an `OmniBlockMask` for this call's sizes; errors name the kwarg."""
+    if not isinstance(block_mask, OmniBlockMask):
+        raise TypeError(f"omni_block_mask: expected an OmniBlockMask, got {type(block_mask).__name__}")
+    if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
+        raise ValueError(f"omni_block_mask: expected q_len={q_len}, kv_len={kv_len} (the tokens of input_ids and any "
+                         f"cached before them), got q_len={block_mask.q_len}, kv_len={block_mask.kv_len}")
+    if block_mask.batch not in (1, batch):
+        raise ValueError(f"omni_block_mask: expected batch 1 or {batch} (that of input_ids), got {block_mask.batch}")
 
 
 def _once(spec, key, build: Callable):
