@@ -2,7 +2,7 @@
 
     python -m benchmarks.plot RESULTS.json [MORE.json ...] [--out DIR]
 
-Needs matplotlib (``pip install -e ".[bench]"``); writes ``speedup_<shape>.png`` beside the JSON unless
+Needs matplotlib (``python3 -m pip install -e ".[bench]"``); writes ``speedup_<shape>.png`` beside the JSON unless
 ``--out`` says otherwise. Several JSONs of one GPU (shapes run in separate calls) plot together.
 """
 

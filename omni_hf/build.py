@@ -65,8 +65,8 @@ def find_cutlass_include() -> Path:
         if (path / "cute" / "tensor.hpp").is_file():
             return path
     raise BuildError(
-        "CUTLASS headers not found: `pip install --no-deps nvidia-cutlass` or set CUTLASS_PATH to a CUTLASS "
-        f"checkout (looked in: {', '.join(map(str, candidates)) or 'nothing'})"
+        "CUTLASS headers not found: `python3 -m pip install --no-deps nvidia-cutlass` or set CUTLASS_PATH to a "
+        f"CUTLASS checkout (looked in: {', '.join(map(str, candidates)) or 'nothing'})"
     )
 
 

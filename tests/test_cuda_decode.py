@@ -1,4 +1,4 @@
-"""GPU tests of the decode path (csrc/common/decode.cu): calls with at most 16 query rows per KV head
+"""GPU tests of the decode path (csrc/decode/decode.cu): calls with at most 16 query rows per KV head
 (q_len * Hq / Hkv) under an implicit mask run a split-KV kernel, one CTA per slice of the keys for all the query
 heads of a KV head, and a merge kernel when the keys are split. Every case runs against the exact reference with
 the outputs poisoned first, checks which kernels ran, and crosses the 128-key steps and the slice boundaries

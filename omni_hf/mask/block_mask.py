@@ -2,7 +2,7 @@
 
 A mask is stored per (Q block, KV block) pair as one of four types, so a kernel skips what is masked
 and runs unmasked tiles with no mask code. The element rule every builder, the reference and every
-kernel share (see `csrc/omni_attention.h`): for query row ``i`` (absolute position
+kernel share (see `csrc/include/omni_attention.h`): for query row ``i`` (absolute position
 ``qpos = i + kv_len - q_len``) and key ``j``, with ``qb = i // block_q`` and ``kb = j // block_kv``:
 
 - ``kb`` absent from the active blocks of row ``qb``: not allowed (MASKED);

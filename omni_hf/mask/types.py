@@ -1,4 +1,4 @@
-"""Block types, mask kinds and block sizes: the values the C header (`csrc/common/omni_attention.h`) shares."""
+"""Block types, mask kinds and block sizes: the values the C header (`csrc/include/omni_attention.h`) shares."""
 
 from __future__ import annotations
 

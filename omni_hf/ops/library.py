@@ -15,8 +15,8 @@ mask as `omni_hf.mask.OmniBlockMask.as_tuple` gives it), never the mask class:
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
 hands over), out and dq are too, so transposing them back costs no copy (`output_strides`).
 
-Library lookup order: ``$OMNI_HF_CUDA_LIB`` (a path to the .so), ``omni_hf/lib/`` (built by ``pip install``, also
-an editable one), then a cache directory (``$OMNI_HF_CACHE`` or ``~/.cache/omni_hf/<hash of sources and flags>/``)
+Library lookup order: ``$OMNI_HF_CUDA_LIB`` (a path to the .so), ``omni_hf/lib/`` (built by
+``python3 -m pip install``, also an editable one), then a cache directory (``$OMNI_HF_CACHE`` or ``~/.cache/omni_hf/<hash of sources and flags>/``)
 where the first use builds it for the current GPU when nvcc is present, printing progress to stderr.
 """
 
@@ -37,7 +37,7 @@ from .. import build as _build
 __all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
 
-ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/common/omni_attention.h
+ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
 HEAD_DIMS = (64, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
 # Shared memory per block that the sm_80 backward needs above head dim 128 (64-key tiles of 256 columns, Q and dO
 # double-buffered): Hopper grants it, an A100 (163 KB) does not.
@@ -73,8 +73,8 @@ def _build_into_cache() -> Path:
     """Builds the library for the current GPU into the cache directory (once; a file lock serialises
     concurrent first uses) and returns its path."""
     if _build.find_nvcc() is None:
-        raise LibraryError("no prebuilt library (install omni_hf from a wheel, or `pip install` it where nvcc is "
-                           "present, or set OMNI_HF_CUDA_LIB) and nvcc is not available to build one")
+        raise LibraryError("no prebuilt library (install omni_hf from a wheel, or `python3 -m pip install` it where "
+                           "nvcc is present, or set OMNI_HF_CUDA_LIB) and nvcc is not available to build one")
     if not _build.CSRC.is_dir():
         raise LibraryError(f"no prebuilt library and no CUDA sources at {_build.CSRC} to build one")
     archs = _device_archs()
