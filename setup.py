@@ -2,7 +2,7 @@
 
 Metadata lives in pyproject.toml. The build runs when nvcc, the CUTLASS headers and torch's headers are found and a
 GPU driver is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. a wheel built on a machine without a GPU) and =0 skips
-it. The library goes where `omni_hf._cuda` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
+it. The library goes where `omni_hf.ops.library` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
 ``py3-none-<platform>``: the library uses no Python C API) or, for an editable install, into the source tree. So an
 install builds once and the first call loads it. Without it the package installs as pure Python and the first
 use on a GPU builds the library into a cache directory.

@@ -10,8 +10,8 @@
 //       the token ranges
 //
 // <row view> / <column view> = num_blocks, indices, types, partial, pool, doc_ids, group_ids, token_ranges: each
-// optional (absent for the implicit mask kinds, which need no lists). Python (omni_hf/_cuda.py) checks the user's
-// inputs and names them in its errors; the checks here guard the ABI and raise RuntimeError. Any q / k / v / dout
+// optional (absent for the implicit mask kinds, which need no lists). Python (omni_hf/ops/library.py) checks the
+// user's inputs and names them in its errors; the checks here guard the ABI and raise RuntimeError. Any q / k / v / dout
 // layout is taken (what the kernels' 16-byte loads cannot read is copied first), and outputs follow their input's
 // layout (output_strides): a transposed [B, S, H, D] q gives out and dq in that layout, so Transformers' transpose
 // back is free.
@@ -61,7 +61,7 @@ Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Tensor& 
 }
 
 // Strides of the output of [B, H, S, D] input t: [B, S, H, D] order where t is that layout transposed, else
-// contiguous. Mirrors omni_hf._cuda.output_strides (the ops' fake implementations).
+// contiguous. Mirrors omni_hf.ops.library.output_strides (the ops' fake implementations).
 Dims output_strides(const Tensor& t) {
   const int64_t heads = t.size(1), seq = t.size(2), dim = t.size(3);
   if (t.stride(1) == dim && t.stride(2) == heads * dim && t.stride(3) == 1) return {seq * heads * dim, dim, heads * dim, 1};

@@ -87,7 +87,7 @@ typedef struct {
   int64_t ids_stride_b;           // 0 when the ids broadcast over the batch
   // The token rule of each position as ranges, or NULL (the kernels then compare ids): [B|1, kv_len, 4] int32,
   // batch stride 4 * ids_stride_b, (first, last) allowed key of the position as a query and (first, last) allowed
-  // query position of it as a key (omni_hf/token_ranges.py); INT32_MIN at every position of a batch row whose ids
+  // query position of it as a key (omni_hf/mask/token_ranges.py); INT32_MIN at every position of a batch row whose ids
   // do not allow ranges. Used only where doc_ids is given.
   const int32_t* token_ranges;
   int32_t window;                 // sliding window of the causal part (token rule, OMNI_MASK_CAUSAL); <= 0: none

@@ -5,7 +5,7 @@
 //      greatest id, key; for documents, then groups), as _TokenSummary does.
 //   2. write_lists: one warp per row of each view classifies its (Q block, KV block) pairs from the
 //      summaries, as _classify_token_blocks does, and compacts the active ones with a ballot.
-//   3. summarise_chunks, write_ranges: the token ranges (omni_hf/token_ranges.py), see below.
+//   3. summarise_chunks, write_ranges: the token ranges (omni_hf/mask/token_ranges.py), see below.
 #include <climits>
 
 #include <cub/block/block_reduce.cuh>
@@ -158,7 +158,7 @@ __global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int
   if (lane == 0) out.num_blocks[static_cast<int64_t>(b) * (row_view ? g.num_q : g.num_kv) + row] = count;
 }
 
-// 3. The token ranges (omni_hf/token_ranges.py, int for int), one CTA per chunk of OMNI_TOKEN_RANGE_CHUNK
+// 3. The token ranges (omni_hf/mask/token_ranges.py, int for int), one CTA per chunk of OMNI_TOKEN_RANGE_CHUNK
 //    positions of a batch row, in two launches: summarise_chunks reduces each chunk to what the others need of it
 //    (RangeChunk); write_ranges combines the summaries of its row's other chunks with scans of its own.
 constexpr int kRangeThreads = 256;
