@@ -47,6 +47,8 @@ from transformers import (
     PaliGemmaForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     SiglipConfig,
     SiglipModel,
     SiglipVisionConfig,
@@ -188,10 +190,11 @@ def gemma2_config(softcap: float | None = 1.0):
                         final_logit_softcapping=30.0, initializer_range=0.2, tie_word_embeddings=False)
 
 
-def gemma3_text_config():
+def gemma3_text_config(head_dim: int = 16):
     return Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                            sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                            max_position_embeddings=64, sliding_window=4,
+                            layer_types=["sliding_attention", "full_attention"])
 
 
 # name: model class, config, attention module class, reference (sdpa; eager for Gemma2, which refuses
@@ -240,10 +243,10 @@ def test_decoder_lm_greedy_generate_on_left_padded_prompts_is_token_equal(name):
 # ---------------------------------------------------------------------- vision-language models
 
 
-def gemma3_vlm_config():
+def gemma3_vlm_config(head_dim: int = 16):
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                 image_size=24, patch_size=4)
-    return Gemma3Config(text_config=gemma3_text_config(), vision_config=vision, mm_tokens_per_image=9,
+    return Gemma3Config(text_config=gemma3_text_config(head_dim), vision_config=vision, mm_tokens_per_image=9,
                         image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI, tie_word_embeddings=False)
 
 
@@ -256,19 +259,20 @@ def gemma3_image_batch() -> dict:
                 pixel_values=randn(3, 3, 24, 24, seed=5), token_type_ids=(input_ids == IMAGE).long())
 
 
-def test_gemma3_images_are_bidirectional_blocks_in_sliding_and_full_layers_like_eager():
+@pytest.mark.parametrize("head_dim", [16, 256])  # 256: Gemma 3's own
+def test_gemma3_images_are_bidirectional_blocks_in_sliding_and_full_layers_like_eager(head_dim):
     """token_type_ids make each image one block; in sliding layers it is whole although longer than the window."""
     inputs = gemma3_image_batch()
-    assert_omni_matches(from_config(Gemma3ForConditionalGeneration, gemma3_vlm_config()), inputs,
+    assert_omni_matches(from_config(Gemma3ForConditionalGeneration, gemma3_vlm_config(head_dim)), inputs,
                         logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "Gemma3Attention": 2})
 
 
-def paligemma_config(language_config=GemmaConfig, **sliding):
+def paligemma_config(language_config=GemmaConfig, head_dim=16, **sliding):
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                 image_size=16, patch_size=4, vision_use_head=False)
     language = language_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                               **sliding)
+                               num_attention_heads=4, num_key_value_heads=1, head_dim=head_dim,
+                               max_position_embeddings=64, **sliding)
     return PaliGemmaConfig(vision_config=vision, text_config=language, image_token_index=IMAGE, vocab_size=VOCAB,
                            projection_dim=64, hidden_size=64, tie_word_embeddings=False)
 
@@ -296,9 +300,10 @@ def test_paligemma_prefix_lm_batch_of_two_matches_eager(pad):
                         logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "GemmaAttention": 2})
 
 
-def test_paligemma2_prefix_lm_with_sliding_window_layers_matches_eager():
+@pytest.mark.parametrize("head_dim", [16, 256])  # 256: PaliGemma 2's own
+def test_paligemma2_prefix_lm_with_sliding_window_layers_matches_eager(head_dim):
     """PaliGemma 2 (Gemma2 text): the prefix block in both the sliding (window 4) and the full layers."""
-    config = paligemma_config(Gemma2Config, sliding_window=4, query_pre_attn_scalar=16)
+    config = paligemma_config(Gemma2Config, head_dim=head_dim, sliding_window=4, query_pre_attn_scalar=head_dim)
     inputs = paligemma_batch("left")
     assert_omni_matches(from_config(PaliGemmaForConditionalGeneration, config), inputs,
                         logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "Gemma2Attention": 2})
@@ -337,6 +342,36 @@ def test_qwen2_vl_images_of_different_sizes_in_one_batch_match_eager():
                   image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
     assert_omni_matches(from_config(Qwen2VLForConditionalGeneration, qwen2_vl_config()), inputs,
                         logits_at(attention_mask.bool()), {"VisionAttention": 2 * 3, "Qwen2VLAttention": 2})
+
+
+def qwen2_5_vl_config():
+    """Qwen2.5-VL at its vision tower's head dim (80: two heads of a 160-wide tower); windows of 2 x 2 merged
+    patches in layer 0, full attention over each image in layer 1."""
+    vision = dict(depth=2, hidden_size=160, num_heads=2, intermediate_size=96, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
+    language = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    return Qwen2_5_VLConfig(vision_config=vision, text_config=language, image_token_id=IMAGE, video_token_id=VIDEO,
+                            vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def test_qwen2_5_vl_vision_windows_and_full_layers_run_through_omni_like_sdpa():
+    """The same three images as above through Qwen2.5-VL, vision tower included: its windowed layer attends each
+    window alone (4 x 4 patches: one window; 2 x 6: two; 6 x 4: two), its full layer each image alone, all
+    bidirectional, at head dim 80 (zero-extended to a kernel's on a GPU)."""
+    grids = torch.tensor([[1, 4, 4], [1, 2, 6], [1, 6, 4]])
+    input_ids = text(2, 24, seed=18)
+    for row, start, tokens in ((0, 2, 4), (0, 12, 3), (1, 9, 6)):
+        input_ids[row, start:start + tokens + 2] = torch.tensor([VISION_START] + [IMAGE] * tokens + [VISION_END])
+    attention_mask = padding([24, 19], 24, left=True)
+    pixel_values = randn(int(grids.prod(-1).sum()), 3 * 2 * 4 * 4, seed=19)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
+                  image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
+    windows, images = 1 + 2 + 2, 3
+    assert_omni_matches(from_config(Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_config()), inputs,
+                        logits_at(attention_mask.bool()),
+                        {"Qwen2_5_VLVisionAttention": windows + images, "Qwen2_5_VLAttention": 2}, reference="sdpa")
 
 
 def llava_config():
