@@ -318,30 +318,38 @@ def test_vlm_greedy_generate_on_left_padded_prompts_is_token_equal_to_sdpa(model
     assert_greedy_generation_token_equal(from_config(model_class, config()), batch(), "sdpa")
 
 
+# The language model of the Qwen2-VL family's tests (3-D rope sections of a 16-wide head).
+QWEN_LANGUAGE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+
+
 def qwen2_vl_config():
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=4,
                   spatial_merge_size=2, temporal_patch_size=2)
-    language = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
-    return Qwen2VLConfig(vision_config=vision, text_config=language, image_token_id=IMAGE, video_token_id=VIDEO,
+    return Qwen2VLConfig(vision_config=vision, text_config=QWEN_LANGUAGE, image_token_id=IMAGE, video_token_id=VIDEO,
                          vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def qwen_image_batch(seed: int) -> dict:
+    """Three images of 4x4, 2x6 and 6x4 patches (4, 3 and 6 tokens after merging), two in row 0, one in
+    left-padded row 1; pixel values drawn with ``seed + 1``."""
+    grids = torch.tensor([[1, 4, 4], [1, 2, 6], [1, 6, 4]])
+    input_ids = text(2, 24, seed=seed)
+    for row, start, tokens in ((0, 2, 4), (0, 12, 3), (1, 9, 6)):
+        input_ids[row, start:start + tokens + 2] = torch.tensor([VISION_START] + [IMAGE] * tokens + [VISION_END])
+    pixel_values = randn(int(grids.prod(-1).sum()), 3 * 2 * 4 * 4, seed=seed + 1)  # channels x time x patch x patch
+    return dict(input_ids=input_ids, attention_mask=padding([24, 19], 24, left=True), pixel_values=pixel_values,
+                image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
 
 
 def test_qwen2_vl_images_of_different_sizes_in_one_batch_match_eager():
     """Three images of 4x4, 2x6 and 6x4 patches (4, 3 and 6 tokens after merging), two in row 0, one in
     left-padded row 1. The vision tower packs them by cu_seqlens; for a non-flash implementation Transformers
     splits them there and attends one image per call."""
-    grids = torch.tensor([[1, 4, 4], [1, 2, 6], [1, 6, 4]])
-    input_ids = text(2, 24, seed=8)
-    for row, start, tokens in ((0, 2, 4), (0, 12, 3), (1, 9, 6)):
-        input_ids[row, start:start + tokens + 2] = torch.tensor([VISION_START] + [IMAGE] * tokens + [VISION_END])
-    attention_mask = padding([24, 19], 24, left=True)
-    pixel_values = randn(int(grids.prod(-1).sum()), 3 * 2 * 4 * 4, seed=9)  # channels x time x patch x patch
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
-                  image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
+    inputs = qwen_image_batch(seed=8)
     assert_omni_matches(from_config(Qwen2VLForConditionalGeneration, qwen2_vl_config()), inputs,
-                        logits_at(attention_mask.bool()), {"VisionAttention": 2 * 3, "Qwen2VLAttention": 2})
+                        logits_at(inputs["attention_mask"].bool()), {"VisionAttention": 2 * 3, "Qwen2VLAttention": 2})
 
 
 def qwen2_5_vl_config():
@@ -349,10 +357,7 @@ def qwen2_5_vl_config():
     patches in layer 0, full attention over each image in layer 1."""
     vision = dict(depth=2, hidden_size=160, num_heads=2, intermediate_size=96, out_hidden_size=64, patch_size=4,
                   spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
-    language = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
-    return Qwen2_5_VLConfig(vision_config=vision, text_config=language, image_token_id=IMAGE, video_token_id=VIDEO,
+    return Qwen2_5_VLConfig(vision_config=vision, text_config=QWEN_LANGUAGE, image_token_id=IMAGE, video_token_id=VIDEO,
                             vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
 
 
@@ -360,17 +365,10 @@ def test_qwen2_5_vl_vision_windows_and_full_layers_run_through_omni_like_sdpa():
     """The same three images as above through Qwen2.5-VL, vision tower included: its windowed layer attends each
     window alone (4 x 4 patches: one window; 2 x 6: two; 6 x 4: two), its full layer each image alone, all
     bidirectional, at head dim 80 (zero-extended to a kernel's on a GPU)."""
-    grids = torch.tensor([[1, 4, 4], [1, 2, 6], [1, 6, 4]])
-    input_ids = text(2, 24, seed=18)
-    for row, start, tokens in ((0, 2, 4), (0, 12, 3), (1, 9, 6)):
-        input_ids[row, start:start + tokens + 2] = torch.tensor([VISION_START] + [IMAGE] * tokens + [VISION_END])
-    attention_mask = padding([24, 19], 24, left=True)
-    pixel_values = randn(int(grids.prod(-1).sum()), 3 * 2 * 4 * 4, seed=19)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
-                  image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
+    inputs = qwen_image_batch(seed=18)
     windows, images = 1 + 2 + 2, 3
     assert_omni_matches(from_config(Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_config()), inputs,
-                        logits_at(attention_mask.bool()),
+                        logits_at(inputs["attention_mask"].bool()),
                         {"Qwen2_5_VLVisionAttention": windows + images, "Qwen2_5_VLAttention": 2}, reference="sdpa")
 
 
