@@ -64,13 +64,14 @@ def omni_attention(
     tensors, sizes = block_mask.as_tuple()
     backend = _backend(q, sizes)
     head_dim = q.shape[-1]
-    if backend == _CUDA and library.kernel_head_dim(head_dim) != head_dim:
-        q, k, v = (_zero_extend(t, library.kernel_head_dim(head_dim)) for t in (q, k, v))
+    kernel_dim = library.kernel_head_dim(head_dim) if backend == _CUDA else head_dim
+    if kernel_dim != head_dim:
+        q, k, v = (_zero_extend(t, kernel_dim) for t in (q, k, v))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale, softcap)
     else:
         out, lse = _forward(backend, q, k, v, tensors, sizes, scale, softcap)
-    if out.shape[-1] != head_dim:
+    if kernel_dim != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
 
