@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   const int group = f.heads_q / f.heads_kv;
   const int n0 = blockIdx.y * kBlockN;  // every head's first (most loaded, under causal masks) tiles go first
   const int kv_rows = min(kBlockN, f.kv_len - n0);
-  // The mask block holding the tile: the tile itself, or one of its 64-key halves (kBlockN < block_kv).
+  // The mask block holding the tile: the tile is that block, or one of its 64-key halves (kBlockN < block_kv).
   const int n_block = n0 / f.mask.block_kv;
   const int jj0 = n0 - n_block * f.mask.block_kv;
   // cp.async of the token ids of kCount positions from pos0 (batch row b) into smem.
