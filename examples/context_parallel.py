@@ -1,114 +1,251 @@
-"""One packed row split across processes: a stock Transformers model trained with omni's context parallelism.
+"""Packed rows split across GPUs: a stock Transformers model trained with omni's context parallelism under DDP or FSDP2.
 
-    torchrun --nproc-per-node 2 examples/context_parallel.py                 # CPU (gloo), a tiny Llama, seconds
-    torchrun --nproc-per-node 2 examples/context_parallel.py --device cuda --length 65536 --hidden 2048 --layers 16
+    torchrun --nproc-per-node 2 examples/context_parallel.py                          # CPU (gloo), tiny Llama
+    torchrun --nproc-per-node 2 examples/context_parallel.py --device cuda --model tinyllama-1.1b --length 65536
+    torchrun --nproc-per-node 4 examples/context_parallel.py --cp 2 --engine ddp      # 2 rows at a time, 2 ranks each
 
-Every rank builds the same packed batch (here synthetic interleaved samples: text with image spans that attend
-both ways), `ContextParallel.for_batch` cuts its rows into shards of equal attention work at positions that split
-no image, each rank runs the model on its shard (`shard_batch`: tokens, positions, labels shifted across the cuts,
-the row's label count), and every attention layer attends its queries over the whole row. The rank losses sum to
-the row's loss; the gradients are summed over the ranks before the optimizer step.
+The ranks form a data x context mesh (``--cp`` ranks share a row; the data-parallel ranks take different rows).
+A DataLoader builds the batches ahead: synthetic packed rows (text samples with image spans that attend both ways)
+collated by `OmniCollator`, cut by `ContextParallelCollator` into shards of equal work (attention pairs plus each
+token's projections, MLP and LM head) at positions that split no image. The engine (``--engine fsdp2``: parameters,
+gradients and optimizer state sharded over every rank; ``ddp``: replicated) averages the gradients, bucketed and
+overlapped with the backward; the ranks' losses average to the row's, so that average is the row's gradient.
+
+``--check`` first compares the engine's loss and gradients with one process running each whole row. Printed last:
+tokens/s, peak memory per rank and each rank's attention time (its imbalance); ``--json`` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers attn_implementation="omni")
-from omni_hf import OmniCollator
-from omni_hf.distributed import ContextParallel
+from omni_hf import OmniCollator, omni_attention
+from omni_hf.distributed import ContextParallel, ContextParallelCollator, token_work_in_pairs
+
+MODELS = {  # random weights of these sizes
+    "tiny": dict(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16),
+    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, head_dim=64),
+}
 
 
-def synthetic_samples(length: int, vocab: int, seed: int) -> list[dict]:
-    """Interleaved samples of 200-2000 tokens with a 64-576-token image span each, about ``length`` tokens in all."""
-    gen = torch.Generator().manual_seed(seed)
-    samples, total = [], 0
-    while total < length:
-        size = min(int(torch.randint(200, 2001, (1,), generator=gen)), length - total)
-        if size < 80:
-            break
-        image = min(int(torch.randint(64, 577, (1,), generator=gen)), size - 16)
-        start = int(torch.randint(1, size - image, (1,), generator=gen))
-        samples.append({"input_ids": torch.randint(1, vocab, (size,), generator=gen).tolist(),
-                        "modality_spans": [(start, start + image)]})
-        total += size
-    return samples
+class SyntheticRows(Dataset):
+    """Row ``i``: a list of samples (200-2000 tokens, one 64-576-token image span each) filling ``length`` tokens."""
+
+    def __init__(self, length: int, vocab: int, rows: int, seed: int = 0):
+        self.length, self.vocab, self.rows, self.seed = length, vocab, rows, seed
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> list[dict]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        samples, total = [], 0
+        while self.length - total >= 80:
+            size = min(int(torch.randint(200, 2001, (), generator=gen)), self.length - total)
+            image = min(int(torch.randint(64, 577, (), generator=gen)), size - 16)
+            start = int(torch.randint(1, size - image, (), generator=gen))
+            samples.append({"input_ids": torch.randint(1, self.vocab, (size,), generator=gen).tolist(),
+                            "modality_spans": [(start, start + image)]})
+            total += size
+        return samples
 
 
-def row_loss_and_gradient(model, batch: dict, sharded: bool) -> tuple[float, torch.Tensor]:
-    """The loss of the whole row and its flattened gradient: by context parallelism over the ranks, or by this
-    process alone."""
-    model.zero_grad()
-    inputs = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"]).shard_batch(batch) if sharded \
-        else {key: batch[key] for key in ("input_ids", "labels", "position_ids", "omni_doc_ids", "omni_group_ids")}
-    loss = model(**inputs).loss
+def build_model(name: str, length: int, device: torch.device, checkpointing: bool) -> torch.nn.Module:
+    """The named model (the same random weights on every rank), in bf16 on a GPU, float32 on the CPU."""
+    torch.manual_seed(0)
+    config = LlamaConfig(**MODELS[name], max_position_embeddings=max(length, 2048))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="omni", dtype=dtype).to(device)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def wrap(model: torch.nn.Module, engine: str, device: torch.device) -> torch.nn.Module:
+    """The model under ``engine`` over every rank (data and context ranks hold the same parameters)."""
+    if engine == "ddp":
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    everyone = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=everyone)
+    return fully_shard(model, mesh=everyone)
+
+
+def to_device(batch: dict, device: torch.device, group) -> tuple[dict, ContextParallel]:
+    """The model inputs of a loader batch on ``device``, and its shard bound to the row's process group."""
+    cp = batch.pop("omni_context_parallel").to(device, group=group, non_blocking=True)
+    inputs = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    return inputs, cp
+
+
+def full_gradient(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter's gradient, flattened, float32 (FSDP2's shards gathered)."""
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    return torch.cat([g.flatten().float() for g in grads])
+
+
+def check(engine_model, reference, inputs: dict, cp: ContextParallel, whole_row: dict) -> dict:
+    """Loss and gradient of the engine on the shards against ``reference`` (the same weights, unwrapped) on each
+    whole row, both averaged over every rank as the engine averages; relative differences."""
+    loss = engine_model(**inputs, omni_context_parallel=cp).loss
     loss.backward()
-    gradient = torch.cat([p.grad.flatten().float() for p in model.parameters()])
-    loss = loss.detach()
-    if sharded:
-        dist.all_reduce(loss)
-        dist.all_reduce(gradient)
-    model.zero_grad()
-    return loss.item(), gradient
+    world = dist.get_world_size()
+    cp_loss = loss.detach().clone()
+    dist.all_reduce(cp_loss)
+    cp_grad = full_gradient(engine_model)
+    engine_model.zero_grad(set_to_none=True)
+    one_loss = reference(**whole_row).loss
+    one_loss.backward()
+    one_grad = torch.cat([p.grad.flatten().float() for p in reference.parameters()])
+    one_loss = one_loss.detach().clone()
+    dist.all_reduce(one_loss)
+    dist.all_reduce(one_grad)
+    one_grad /= world
+    return {"loss_one_process": one_loss.item() / world, "loss_context_parallel": cp_loss.item() / world,
+            "loss_rel_diff": abs(cp_loss.item() - one_loss.item()) / abs(one_loss.item()),
+            "grad_rel_diff": ((cp_grad - one_grad).norm() / one_grad.norm()).item()}
 
 
-def check_against_one_process(model, batch: dict) -> None:
-    """Prints the whole row's loss and gradient by both routes, and how far apart they are."""
-    one_loss, one_grad = row_loss_and_gradient(model, batch, sharded=False)
-    cp_loss, cp_grad = row_loss_and_gradient(model, batch, sharded=True)
-    if dist.get_rank() == 0:
-        print(f"check: loss one process {one_loss:.6f}, context parallel {cp_loss:.6f}; gradient relative "
-              f"difference {((cp_grad - one_grad).norm() / one_grad.norm()).item():.2e}")
+def attention_ms(cp: ContextParallel, config: LlamaConfig, dtype: torch.dtype, device: torch.device) -> float:
+    """Milliseconds of one layer's attention forward + backward for this rank's shard (kernel time only, no
+    communication): random q of the shard against the keys up to its end, median of a few runs."""
+    gen = torch.Generator(device).manual_seed(cp.rank)
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    shape = dict(device=device, dtype=dtype, generator=gen)
+    q = torch.randn(1, heads, cp.stop - cp.start, dim, **shape).requires_grad_()
+    k, v = (torch.randn(1, kv_heads, cp.stop, dim, **shape).requires_grad_() for _ in range(2))
+    mask = cp.mask(q.shape[2], None, device)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        omni_attention(q, k, v, mask).sum().backward()
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+        else:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[1:])
+
+
+def gathered(value: float) -> list[float]:
+    """``value`` of every rank, by rank."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl, one GPU "
+                        "per rank)")
+    parser.add_argument("--model", default="tiny", choices=list(MODELS))
+    parser.add_argument("--engine", default="fsdp2", choices=("fsdp2", "ddp"))
+    parser.add_argument("--cp", type=int, default=None, help="ranks sharing a row (default: all)")
     parser.add_argument("--length", type=int, default=4096, help="tokens per packed row")
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--check", action="store_true", help="first compare step 0's loss and gradients with one "
-                        "process running the whole row")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers building the batches")
+    parser.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
+    parser.add_argument("--check", action="store_true", help="first compare loss and gradients with one process")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here (rank 0)")
     args = parser.parse_args()
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    rank = dist.get_rank()
-    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", 0))) if args.device == "cuda" else "cpu"
-    if args.device == "cuda":
+
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=5))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cp_size = args.cp or world
+    if world % cp_size:
+        raise SystemExit(f"--cp: expected a divisor of the {world} ranks, got {cp_size}")
+    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", 0)) if args.device == "cuda" else None)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.manual_seed(0)  # the same weights on every rank
-    heads = max(1, args.hidden // 64)
-    config = LlamaConfig(vocab_size=1000, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         head_dim=args.hidden // heads, max_position_embeddings=args.length)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="omni").to(device, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    collate = OmniCollator(pad_token_id=0, mode="pack", max_length=args.length, pad_to_multiple_of=args.length)
-    for step in range(args.steps):
-        if args.device == "cuda":
+    mesh = init_device_mesh(device.type, (world // cp_size, cp_size), mesh_dim_names=("dp", "cp"))
+    cp_group, dp_rank, cp_rank = mesh["cp"].get_group(), mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
+
+    model = build_model(args.model, args.length, device, checkpointing=not args.no_checkpointing)
+    config, dtype = model.config, model.dtype
+    reference = build_model(args.model, args.length, device, checkpointing=True) if args.check else None
+    model = wrap(model, args.engine, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    rows = SyntheticRows(args.length, config.vocab_size, rows=(args.warmup + args.steps + 1) * (world // cp_size))
+    pack = OmniCollator(pad_token_id=0, mode="pack", max_length=args.length, pad_to_multiple_of=args.length)
+    shard = ContextParallelCollator(pack, world_size=cp_size, rank=cp_rank, token_cost=token_work_in_pairs(config))
+    loader = DataLoader(rows, batch_size=None, sampler=DistributedSampler(rows, world // cp_size, dp_rank, False),
+                        collate_fn=shard, num_workers=args.workers, pin_memory=device.type == "cuda")
+    batches = iter(loader)
+
+    result = {"model": args.model, "engine": args.engine, "gpus" if device.type == "cuda" else "ranks": world,
+              "cp": cp_size, "seq_len": args.length}
+    if args.check:
+        whole = pack(rows[dp_rank])
+        whole_row = {key: whole[key].to(device) for key in ("input_ids", "labels", "position_ids", "omni_doc_ids",
+                                                              "omni_group_ids")}
+        result.update(check(model, reference, *to_device(shard(rows[dp_rank]), device, cp_group), whole_row))
+        del reference, whole_row
+
+    times, shards = [], []
+    progress = tqdm(range(args.warmup + args.steps), desc="steps", disable=rank != 0)
+    for step in progress:
+        inputs, cp = to_device(next(batches), device, cp_group)
+        if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        batch = {key: value.to(device) for key, value in collate(synthetic_samples(args.length, 1000, step)).items()}
-        if args.check and step == 0:
-            check_against_one_process(model, batch)
-        cp = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"])
-        loss = model(**cp.shard_batch(batch)).loss
+        loss = model(**inputs, omni_context_parallel=cp).loss
         loss.backward()
-        for parameter in model.parameters():
-            dist.all_reduce(parameter.grad)  # the shards' gradients sum to the row's
         optimizer.step()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(loss := loss.detach())
-        if rank == 0:
-            print(f"step {step}: loss {loss.item():.4f} (rank 0 holds tokens {cp.start}:{cp.stop} of {args.length}), "
-                  f"{args.length / (time.perf_counter() - start):.0f} tokens/s")
+        loss = loss.item() / world
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+            shards.append(cp)
+        if step == 0 and device.type == "cuda":
+            static = torch.cuda.memory_allocated(device)  # weights, gradients' buffers, optimizer state
+        progress.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{world // cp_size * args.length / (time.perf_counter() - start):.0f}")
+
+    step_s = statistics.median(times)
+    attention = sum(attention_ms(cp, config, dtype, device) for cp in shards)
+    per_rank = {"tokens": gathered(shards[0].stop - shards[0].start), "attention_ms": gathered(attention)}
+    if device.type == "cuda":
+        per_rank["peak_memory_gib"] = gathered(torch.cuda.max_memory_allocated(device) / 2**30)
+        per_rank["static_memory_gib"] = gathered(static / 2**30)
+    result.update(tokens_per_s=world // cp_size * args.length / step_s, step_s=times, per_rank=per_rank,
+                  imbalance=max(per_rank["attention_ms"]) / statistics.mean(per_rank["attention_ms"]) - 1,
+                  torch=torch.__version__)
+    if device.type == "cuda":
+        result.update(gpu=torch.cuda.get_device_name(device), memory_gib=torch.cuda.get_device_properties(device)
+                      .total_memory / 2**30)
+    if rank == 0:
+        print(json.dumps(result, indent=1))
+        summary = ", ".join(f"rank {r}: {t} tokens, attention {a:.1f} ms" for r, (t, a) in
+                            enumerate(zip(per_rank["tokens"], per_rank["attention_ms"])))
+        print(f"{result['tokens_per_s']:.0f} tokens/s over {world} ranks ({cp_size} per row); {summary}; attention "
+              f"imbalance {result['imbalance']:.1%}")
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
     dist.destroy_process_group()
 
 

@@ -1,23 +1,34 @@
 """Context parallelism on the CPU: gloo process groups of 2-4 ranks running the exact reference path must
-give what one process gives, for attention alone (outputs, dq, dk, dv) and for a stock Transformers model on a packed
-interleaved batch (loss and every parameter gradient); the shard cuts never split an image group and balance the
-work. Ranks run as spawned processes and write their results for the test process to compare."""
+give what one process gives, for attention alone (outputs, dq, dk, dv), for a stock Transformers model on a packed
+interleaved batch (loss and every parameter gradient), and under the engines (DDP, FSDP2 on a data x context mesh,
+through examples/context_parallel.py); the shard cuts never split an image group and balance the work. Ranks run as
+spawned processes and write their results for the test process to compare. On a machine with two GPUs the example
+also runs on NCCL."""
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers "omni")
 from brute_force import random_token_ids, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, OmniCollator, omni_attention
-from omni_hf.distributed import ContextParallel, allowed_keys_per_query, balanced_bounds
+from omni_hf.distributed import (ContextParallel, ContextParallelCollator, allowed_keys_per_query, balanced_bounds,
+                                 token_work_in_pairs)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "context_parallel.py"
 
 LENGTH = 600
 
@@ -81,11 +92,90 @@ def test_the_shares_of_a_row_without_images_are_within_one_query_of_equal():
     assert max(shares) - min(shares) <= 2 * work.max()
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_a_large_token_cost_balances_tokens(world_size):
+    """When each token's own work dwarfs its attention, the shares are equal in tokens (to one token)."""
+    doc = torch.repeat_interleave(torch.arange(4), torch.tensor([100, 250, 50, 200]))[None].int()
+    grp = torch.full_like(doc, -1)
+    cuts = balanced_bounds(doc.numpy(), grp.numpy(), world_size, token_cost=1e9)
+    assert all(abs(cut - rank * 600 / world_size) <= 1 for rank, cut in enumerate(cuts))
+
+
+def test_a_negative_token_cost_is_refused():
+    doc = torch.zeros(1, 40, dtype=torch.int32)
+    with pytest.raises(ValueError, match="token_cost: expected a cost >= 0.*got -1"):
+        balanced_bounds(doc.numpy(), (doc - 1).numpy(), 2, token_cost=-1)
+
+
+@pytest.mark.parametrize("kv_heads, head_dim", [(4, 16), (2, 16), (1, 24)])
+def test_token_work_in_pairs_matches_counted_flops(kv_heads, head_dim):
+    """One token through a model with eager attention: its counted matmul FLOPs are the token's own work plus one
+    (q, k) pair per layer (the token attends itself), so their ratio to one pair's FLOPs is the token cost + 1."""
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.tensor([[5]]))
+    pair = config.num_hidden_layers * 4 * config.num_attention_heads * head_dim
+    assert token_work_in_pairs(config) == pytest.approx(counter.get_total_flops() / pair - 1, rel=1e-12)
+
+
 def test_an_empty_shard_is_refused():
     doc = torch.zeros(1, 40, dtype=torch.int32)
     grp = torch.zeros(1, 40, dtype=torch.int32)  # one image over the whole row: no valid cut
     with pytest.raises(ValueError, match="empty shard"):
         balanced_bounds(doc.numpy(), grp.numpy(), 2)
+
+
+# ---------------------------------------------------------------------- shards made in a DataLoader
+
+
+def collated_samples(seed: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for length in (90, 140, 60, 200, 110):
+        ids = torch.randint(1, 100, (length,), generator=gen).tolist()
+        start = int(torch.randint(5, length - 40, (1,), generator=gen))
+        samples.append({"input_ids": ids, "modality_spans": [(start, start + 30)]})
+    return samples
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_collator_gives_each_rank_the_shard_of_the_whole_batch(world_size):
+    """Through a DataLoader worker (the shard is pickled back): each rank's batch is `shard_batch` of the whole
+    collated row at `balanced_bounds`' cuts, with no process group yet."""
+    pack = OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)
+    samples = collated_samples(world_size)
+    whole = pack(samples)
+    doc, grp = whole["omni_doc_ids"].numpy(), whole["omni_group_ids"].numpy()
+    bounds = balanced_bounds(doc, grp, world_size, token_cost=7.5)
+    for rank in range(world_size):
+        collate = ContextParallelCollator(pack, world_size, rank, token_cost=7.5)
+        (got,) = torch.utils.data.DataLoader([samples], batch_size=None, collate_fn=collate, num_workers=1)
+        cp = got.pop("omni_context_parallel")
+        assert cp.bounds == tuple(bounds) and cp.rank == rank and cp.group is None
+        assert torch.equal(cp.doc_ids, whole["omni_doc_ids"].int()) and torch.equal(cp.group_ids,
+                                                                                   whole["omni_group_ids"].int())
+        start, stop = bounds[rank], bounds[rank + 1]
+        for key in ("input_ids", "position_ids", "labels"):
+            assert torch.equal(got[key], whole[key][:, start:stop]), key
+        next_labels = torch.nn.functional.pad(whole["labels"], (0, 1), value=-100)[:, start + 1:stop + 1]
+        assert torch.equal(got["shift_labels"], next_labels)
+        labelled = (torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100) != -100).sum()
+        assert got["num_items_in_batch"].item() == pytest.approx(labelled.item() / world_size)
+
+
+def test_a_shard_moves_and_takes_its_group():
+    doc, grp = packed_ids(0)
+    cp = ContextParallel(doc, grp, (0, 300, LENGTH), 1, masks={"stale": 1})
+    moved = cp.to("cpu", group="the row's group")
+    assert moved.group == "the row's group" and moved.masks == {} and moved.bounds == cp.bounds
+    assert pickle.loads(pickle.dumps(cp)).bounds == cp.bounds
+
+
+def test_a_collator_rank_outside_the_world_is_refused():
+    with pytest.raises(ValueError, match="rank: expected 0 <= rank < world_size = 2, got 2"):
+        ContextParallelCollator(OmniCollator(pad_token_id=0), 2, 2)
 
 
 # ---------------------------------------------------------------------- ranks
@@ -169,17 +259,18 @@ def model_rank(rank, world_size, seed):
     loss = model(**cp.shard_batch(batch)).loss
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    dist.all_reduce(loss.detach())
-    for grad in grads.values():
-        dist.all_reduce(grad)
-    return {"loss": loss.detach(), "grads": grads}
+    loss = loss.detach()
+    for total in (loss, *grads.values()):  # the ranks' losses and gradients average to the row's
+        dist.all_reduce(total)
+        total /= world_size
+    return {"loss": loss, "grads": grads}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_stock_model_on_shards_gives_the_whole_rows_loss_and_gradients(world_size, tmp_path):
     """Llama on a packed interleaved row: each rank runs its shard (positions, labels shifted across the cuts,
-    the row's label count), the summed losses and gradients equal one process's on the whole row."""
+    the row's label count over the ranks), the averaged losses and gradients equal one process's on the whole row."""
     model = llama()
     batch = packed_batch(world_size)
     loss = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
@@ -190,3 +281,37 @@ def test_a_stock_model_on_shards_gives_the_whole_rows_loss_and_gradients(world_s
     assert relative_error(ranks[0]["loss"], loss.detach()) <= 1e-6
     for name, p in model.named_parameters():
         assert relative_error(ranks[0]["grads"][name], p.grad) <= 1e-5, name
+
+
+# ---------------------------------------------------------------------- the engines (examples/context_parallel.py)
+
+
+def run_example(tmp_path, ranks: int, *args: str) -> dict:
+    """examples/context_parallel.py under torchrun with ``ranks`` processes; its JSON."""
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                    str(EXAMPLE), "--json", str(out), *args], check=True, env=env, timeout=900)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks, cp, engine", [(2, 2, "fsdp2"), (4, 2, "fsdp2"), (4, 2, "ddp")])
+def test_the_engines_give_one_process_loss_and_gradients(ranks, cp, engine, tmp_path):
+    """FSDP2 / DDP over every rank, rows shared by ``cp`` ranks (and ``ranks / cp`` rows at a time): the engine's
+    averaged loss and gradients equal one process running each whole row (float32, exact reference path)."""
+    result = run_example(tmp_path, ranks, "--check", "--engine", engine, "--cp", str(cp), "--length", "1024",
+                         "--steps", "1", "--warmup", "0", "--workers", "1")
+    assert result["loss_rel_diff"] <= 1e-6 and result["grad_rel_diff"] <= 1e-5, result
+    assert sum(result["per_rank"]["tokens"]) == 1024 * ranks // cp
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("engine", ["fsdp2", "ddp"])
+def test_the_engines_on_two_gpus_give_one_process_loss(engine, tmp_path):
+    """NCCL, bf16 kernels: the loss within 1e-3 relative of one process's, gradients within bf16 noise."""
+    result = run_example(tmp_path, 2, "--device", "cuda", "--check", "--engine", engine, "--length", "16384",
+                         "--steps", "2", "--warmup", "1")
+    assert result["loss_rel_diff"] <= 1e-3 and result["grad_rel_diff"] <= 2e-2, result

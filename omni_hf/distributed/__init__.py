@@ -1,5 +1,7 @@
 """Distributed attention: context parallelism (one packed row split across the ranks of a process group)."""
 
-from .context_parallel import ContextParallel, allowed_keys_per_query, balanced_bounds
+from .context_parallel import (ContextParallel, ContextParallelCollator, allowed_keys_per_query, balanced_bounds,
+                               token_work_in_pairs)
 
-__all__ = ["ContextParallel", "allowed_keys_per_query", "balanced_bounds"]
+__all__ = ["ContextParallel", "ContextParallelCollator", "allowed_keys_per_query", "balanced_bounds",
+           "token_work_in_pairs"]

@@ -6,36 +6,40 @@ owners) and runs omni on the shard's queries against the keys that precede the s
 from the row's ids. That is exact when no bidirectional group (image) straddles a shard boundary: a query then sees
 keys after it only inside its own group, which ends inside its shard, and the keys before the shard's end are the
 keys bottom-right alignment puts before its queries. `balanced_bounds` cuts rows only between groups, and balances the
-shards by allowed (q, k) pairs rather than by tokens (a VLM row's later tokens see far more keys than its first).
-So the kernels need nothing new: the shard's queries are the last ``stop - start`` positions of its keys.
+shards by work: each query's allowed keys (a VLM row's later tokens see far more keys than its first) plus a cost
+per token for the projections, MLPs and LM head (`token_work_in_pairs`). So the kernels need nothing new: the
+shard's queries are the last ``stop - start`` positions of its keys.
 
-    cp = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"])    # every rank, same batch
-    local = cp.shard_batch(batch)                                                      # this rank's tokens
-    loss = model(**local).loss                                                         # a stock model, "omni"
-    loss.backward()                                                                    # then all-reduce the grads
+With an engine (DDP, FSDP2) the batches are built ahead, in DataLoader workers, and each rank takes its shard there:
 
-``shard_batch`` hands the model ``omni_context_parallel`` (read by every omni attention layer), the shard's
-positions, labels shifted across shard boundaries (``shift_labels``) and the whole row's count of labelled tokens
-(``num_items_in_batch``), so the per-rank losses sum to the loss of the whole row. Communication: one all-gather of
-K and V per layer in the forward, one reduce-scatter in the backward (the all-gather is the simple choice; a ring
-that overlaps transfers with compute is the next step at more ranks, see docs/performance/context_parallel.md).
+    collate = ContextParallelCollator(OmniCollator(...), world_size=cp_size, rank=cp_rank,
+                                      token_cost=token_work_in_pairs(config))
+    for batch in DataLoader(rows, batch_size=None, collate_fn=collate, ...):   # same rows on a row's cp ranks
+        cp = batch.pop("omni_context_parallel").to(device, group=cp_group)
+        loss = model(**{k: v.to(device) for k, v in batch.items()}, omni_context_parallel=cp).loss
+        loss.backward()                                                       # the engine averages the gradients
+
+``shard_batch`` hands the model the shard's tokens and positions, labels shifted across shard boundaries
+(``shift_labels``) and ``num_items_in_batch`` = the whole row's count of labelled tokens over the number of ranks, so
+the ranks' losses *average* to the row's loss, as DDP and FSDP average gradients (over a data x context mesh, the
+mean of the rows' losses). Communication: one all-gather of K and V per layer in the forward, one reduce-scatter in
+the backward (docs/performance/context_parallel.md weighs it against a ring past one node).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 
 from ..mask import OmniBlockMask
 from ..ops import omni_attention
 
-__all__ = ["ContextParallel", "allowed_keys_per_query", "balanced_bounds"]
+__all__ = ["ContextParallel", "ContextParallelCollator", "allowed_keys_per_query", "balanced_bounds",
+           "token_work_in_pairs"]
 
 
 def allowed_keys_per_query(doc_ids: np.ndarray, group_ids: np.ndarray, window: int | None = None) -> np.ndarray:
@@ -45,6 +49,26 @@ def allowed_keys_per_query(doc_ids: np.ndarray, group_ids: np.ndarray, window: i
     key of its group (same document and group id) outside that; a padding query (doc -1) sees none. O(B S log S).
     """
     return np.stack([_allowed_keys(doc, grp, window) for doc, grp in zip(doc_ids, group_ids)]).astype(np.int64)
+
+
+def token_work_in_pairs(config) -> float:
+    """The work of one token outside attention (its projections, MLP and LM head), in units of one allowed (q, k)
+    pair's attention work, both summed over the layers: the ``token_cost`` that balances a model's whole step.
+
+    Counts matmul FLOPs of a Transformers decoder config (a VLM's text config): per layer ``2 h (Hq + 2 Hkv) D +
+    2 Hq D h`` for q, k, v, o and ``6 h i`` for the gated MLP of Llama, Qwen, Mistral, Gemma and Phi-3, plus
+    ``2 h vocab`` once for the LM head; a pair costs ``4 Hq D`` per layer (QK^T and PV). The backward scales both
+    alike, and attention kernels run somewhat below GEMM speed, so this is a model of the balance, not a timing.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers = text.hidden_size, text.num_hidden_layers
+    q_heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or q_heads
+    head_dim = getattr(text, "head_dim", None) or hidden // q_heads
+    projections = 2 * hidden * (q_heads + 2 * kv_heads) * head_dim + 2 * q_heads * head_dim * hidden
+    mlp = 6 * hidden * text.intermediate_size
+    per_token = layers * (projections + mlp) + 2 * hidden * text.vocab_size
+    return per_token / (layers * 4 * q_heads * head_dim)
 
 
 def _allowed_keys(doc: np.ndarray, grp: np.ndarray, window: int | None) -> np.ndarray:
@@ -91,13 +115,16 @@ def _uncuttable(doc: np.ndarray, grp: np.ndarray) -> np.ndarray:
     return np.cumsum(inside)[:len(pair) + 1] > 0
 
 
-def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
-                    window: int | None = None) -> list[int]:
-    """Cut points ``[0, c_1, ..., S]`` splitting rows ``[B, S]`` into ``world_size`` shards of about equal attention
-    work (`allowed_keys_per_query`, summed over the batch), each cut moved to the nearest position that splits no
-    group of any row (so the shards' attention is exact, see the module docstring). Raises ValueError where that
-    leaves a shard empty."""
-    work = allowed_keys_per_query(doc_ids, group_ids, window).sum(0)
+def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int, window: int | None = None,
+                    token_cost: float = 0.0) -> list[int]:
+    """Cut points ``[0, c_1, ..., S]`` splitting rows ``[B, S]`` into ``world_size`` shards of about equal work, each
+    cut moved to the nearest position that splits no group of any row (so the shards' attention is exact, see the
+    module docstring). A position's work is its queries' allowed keys (`allowed_keys_per_query`, summed over the
+    batch) plus ``token_cost`` per row (the work every token costs outside attention, in (q, k) pairs:
+    `token_work_in_pairs`; 0 balances attention alone). Raises ValueError where that leaves a shard empty."""
+    if token_cost < 0:
+        raise ValueError(f"token_cost: expected a cost >= 0 in (q, k) pairs per token, got {token_cost}")
+    work = allowed_keys_per_query(doc_ids, group_ids, window).sum(0) + token_cost * doc_ids.shape[0]
     length = work.shape[0]
     cumulative = np.concatenate([[0], np.cumsum(work)])
     blocked = np.stack([_uncuttable(doc, grp) for doc, grp in zip(doc_ids, group_ids)]).any(0)
@@ -114,6 +141,29 @@ def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
     return cuts
 
 
+class _AllGather(torch.autograd.Function):
+    """``[W * B, ...]``: ``x`` (``[B, ...]``) of every rank of ``group``, joined along dim 0; the backward sums the ranks' gradients of each piece on
+    its owner (a reduce-scatter; gloo, which has none, all-reduces and keeps its own piece). torch's differentiable
+    all-gather emulates this on gloo with scatters that take group ranks for global ones, which breaks on subgroups."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        gathered = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)
+        return gathered
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        if dist.get_backend(ctx.group) == dist.Backend.GLOO:
+            dist.all_reduce(grad, group=ctx.group)
+            return grad.chunk(dist.get_world_size(ctx.group))[dist.get_rank(ctx.group)], None
+        mine = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
+        return mine, None
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ContextParallel:
     """This rank's shard of packed rows that a process group shares, as every omni attention layer reads it.
@@ -122,7 +172,8 @@ class ContextParallel:
         doc_ids, group_ids: int32 ``[B, S]``, the whole rows' token-rule ids (on the model's device).
         bounds: ``world_size + 1`` cut points; rank r holds tokens ``bounds[r]:bounds[r + 1]``.
         rank: this process's rank in ``group``.
-        group: the process group (None: the default group).
+        group: the process group of the row's ranks (None: the default group). A shard made in a DataLoader
+            worker (`ContextParallelCollator`) has none yet: `to` sets it in the training process.
         masks: the masks built so far, by sliding window (one build per forward serves every layer).
     """
 
@@ -135,14 +186,26 @@ class ContextParallel:
 
     @classmethod
     def for_batch(cls, doc_ids: torch.Tensor, group_ids: torch.Tensor, group: Any = None,
-                  window: int | None = None) -> ContextParallel:
-        """Split a collator batch's rows (``omni_doc_ids`` / ``omni_group_ids``, the same on every rank) over
-        ``group``, balanced by `balanced_bounds` (``window``: the sliding window of the model's layers, if all have one)."""
+                  window: int | None = None, token_cost: float = 0.0) -> ContextParallel:
+        """Split a collator batch's rows (``omni_doc_ids`` / ``omni_group_ids``, the same on every rank of
+        ``group``) over ``group``, balanced by `balanced_bounds` (``window``: the sliding window of the model's
+        layers, if all have one; ``token_cost``: see there). Reads the ids on the host: in a training loop, build
+        the shards ahead with `ContextParallelCollator` instead."""
         if not dist.is_initialized():
             raise RuntimeError("ContextParallel: expected an initialised torch.distributed process group, got none "
                                "(launch with torchrun or accelerate launch)")
-        bounds = balanced_bounds(doc_ids.cpu().numpy(), group_ids.cpu().numpy(), dist.get_world_size(group), window)
+        bounds = balanced_bounds(doc_ids.cpu().numpy(), group_ids.cpu().numpy(), dist.get_world_size(group), window,
+                                 token_cost)
         return cls(doc_ids.to(torch.int32), group_ids.to(torch.int32), tuple(bounds), dist.get_rank(group), group)
+
+    def to(self, device: torch.device | str, group: Any = None, non_blocking: bool = False) -> ContextParallel:
+        """This shard with its ids on ``device`` and ``group`` as its process group (None: the default group)."""
+        doc, grp = (ids.to(device, non_blocking=non_blocking) for ids in (self.doc_ids, self.group_ids))
+        return dataclasses.replace(self, doc_ids=doc, group_ids=grp, group=group, masks={})
+
+    @property
+    def world_size(self) -> int:
+        return len(self.bounds) - 1
 
     @property
     def start(self) -> int:
@@ -159,15 +222,16 @@ class ContextParallel:
     def shard_batch(self, batch: dict[str, Any], label_ignore_index: int = -100) -> dict[str, Any]:
         """The model inputs of this rank from a collator batch (per-token ``[B, S]`` tensors): input_ids,
         position_ids and attention_mask sharded, labels shifted over the whole row first (so a shard's last token
-        predicts the next shard's first) and passed as ``shift_labels``, the row's count of labelled tokens as
-        ``num_items_in_batch``, and this `ContextParallel` as ``omni_context_parallel``. A VLM's vision inputs are
-        left out: hand its merged ``inputs_embeds`` instead, which are sharded."""
+        predicts the next shard's first) and passed as ``shift_labels``, ``num_items_in_batch`` = the rows' count of
+        labelled tokens over the number of ranks (float32: the ranks' losses average to the rows' loss), and this
+        `ContextParallel` as ``omni_context_parallel``. A VLM's vision inputs are left out: hand its merged
+        ``inputs_embeds`` instead, which are sharded."""
         labels = batch["labels"]
         shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=label_ignore_index)
         local = {key: self.shard(batch[key]) for key in ("input_ids", "inputs_embeds", "position_ids", "attention_mask")
                  if key in batch}
         local.update(labels=self.shard(labels), shift_labels=self.shard(shifted), omni_context_parallel=self,
-                     num_items_in_batch=(shifted != label_ignore_index).sum())
+                     num_items_in_batch=(shifted != label_ignore_index).sum() / self.world_size)
         return local
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
@@ -181,21 +245,22 @@ class ContextParallel:
         """
         keys = self._gather(k)
         values = self._gather(v)
-        mask = self._mask(q.shape[2], window, q.device)
+        mask = self.mask(q.shape[2], window, q.device)
         return omni_attention(q, keys, values, mask, scale=scale, softcap=softcap)
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
         """The keys (or values) of every shard up to this one's end, ``[B, H, stop, D]``: shards padded to the
-        longest, all-gathered (the backward reduce-scatters the gradients to their owners), trimmed, joined."""
+        longest, all-gathered (`_AllGather`: the backward reduce-scatters the gradients to their owners), trimmed,
+        joined."""
         longest = max(b - a for a, b in zip(self.bounds, self.bounds[1:]))
         padded = torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[2]))
-        with warnings.catch_warnings():  # deprecated in torch 2.13 for functional collectives, whose backward needs a
-            warnings.simplefilter("ignore", FutureWarning)  # reduce-scatter that gloo lacks
-            pieces = dist_fn.all_gather(padded, group=self.group)
+        pieces = _AllGather.apply(padded, self.group).chunk(self.world_size)
         kept = [piece[:, :, :b - a] for piece, a, b in zip(pieces, self.bounds, self.bounds[1:])][:self.rank + 1]
         return torch.cat(kept, dim=2)
 
-    def _mask(self, q_len: int, window: int | None, device: torch.device) -> OmniBlockMask:
+    def mask(self, q_len: int, window: int | None, device: torch.device) -> OmniBlockMask:
+        """The mask of this shard's ``q_len`` queries over the row's keys up to its end (built once per window and
+        device)."""
         if q_len != self.stop - self.start:
             raise ValueError(f"q: expected this rank's {self.stop - self.start} tokens ({self.start}:{self.stop}), "
                              f"got {q_len}")
@@ -203,3 +268,35 @@ class ContextParallel:
             doc, grp = (ids[:, :self.stop].to(device) for ids in (self.doc_ids, self.group_ids))
             self.masks[window, device] = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
         return self.masks[window, device]
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextParallelCollator:
+    """A DataLoader's ``collate_fn`` for context parallelism: packs samples into rows with ``collator`` and returns
+    this rank's shard of them (`ContextParallel.shard_batch`), so the cuts (`balanced_bounds`, on the host) are made
+    in the loader's workers, ahead of the step. The ranks of one row must be given the same samples (a sampler over
+    the data-parallel ranks only). The batch's ``omni_context_parallel`` has no process group: set it, and the
+    device, with `ContextParallel.to` in the training process.
+
+    Attributes:
+        collator: makes a batch with ``omni_doc_ids``, ``omni_group_ids`` and ``labels`` (`omni_hf.OmniCollator`).
+        world_size, rank: the ranks sharing a row, and this process's rank among them.
+        window: the sliding window of every layer, if all have one (balances by the work it leaves).
+        token_cost: work per token outside attention, in (q, k) pairs (`token_work_in_pairs`).
+    """
+
+    collator: Any
+    world_size: int
+    rank: int
+    window: int | None = None
+    token_cost: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank: expected 0 <= rank < world_size = {self.world_size}, got {self.rank}")
+
+    def __call__(self, samples: list[dict]) -> dict[str, Any]:
+        batch = self.collator(samples)
+        doc, grp = batch["omni_doc_ids"].to(torch.int32), batch["omni_group_ids"].to(torch.int32)
+        bounds = balanced_bounds(doc.numpy(), grp.numpy(), self.world_size, self.window, self.token_cost)
+        return ContextParallel(doc, grp, tuple(bounds), self.rank).shard_batch(batch)
