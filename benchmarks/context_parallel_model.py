@@ -29,9 +29,9 @@ Schemes (every rank holds a contiguous shard of the row for the projections, MLP
 What is modeled: matmul FLOPs of the projections, gated MLP and LM head at a GEMM rate (training = 3x forward);
 attention work from the exact allowed (q, k) pairs of the layout at the measured attention rates (4 D Hq FLOPs per
 pair and layer forward, 2.5x that backward); bytes over NVLink and the network at achieved bandwidths plus a
-latency per collective or transfer; K / V memory. Not modeled: activation recompute (checkpointing), norms,
-rotary, softmax-free elementwise work, the loss, the optimizer and the gradient all-reduce of the parameters (the
-same for every scheme, overlapped with the backward by DDP / FSDP), pipeline bubbles, overlap of communication with
+latency per collective or transfer; K / V memory. Not modeled: activation recompute (checkpointing), elementwise
+work (norms, rotary, activations, the loss), the optimizer and the gradient all-reduce of the parameters (the same
+for every scheme, overlapped with the backward by DDP / FSDP), pipeline bubbles, overlap of communication with
 non-attention compute, contention of several collectives on one link, kernels' lower rate on small blocks, sliding
 windows. Each layer's collectives make the ranks wait for the slowest, so a step ends with its slowest rank.
 """
