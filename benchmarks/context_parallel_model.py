@@ -224,7 +224,6 @@ def shard_pairs(doc_ids: np.ndarray, group_ids: np.ndarray, bounds) -> np.ndarra
         groups = _tokens_per_id_and_shard(doc[in_group].astype(np.int64) * (int(grp.max()) + 1) + grp[in_group],
                                           shard_of[in_group], shards)
         pairs += np.tril(docs.T @ docs, -1) + np.triu(groups.T @ groups, 1)
-    pairs[np.diag_indices(shards)] = 0
     pairs[np.diag_indices(shards)] = np.rint(rows).astype(np.int64) - pairs.sum(1)
     return pairs
 
@@ -320,17 +319,15 @@ def _ring(sizes, pairs, tokens, bounds, hardware) -> StepPrediction:
     kv_transfer = hardware.latency_s + tokens[held] * sizes.kv_bytes_per_token / bandwidth
     forward = ring_finish_s(hardware.attention_forward_s(sizes, block), kv_transfer)
     backward_transfer = 2 * kv_transfer - hardware.latency_s  # K, V and the dK, dV accumulators
-    backward = ring_finish_s(hardware.attention_backward_s(sizes, block), backward_transfer)
-    if world > 1:
-        backward = backward + kv_transfer[:, -1]  # dK, dV back to their owner
+    returned = kv_transfer[:, -1] if steps > 1 else np.zeros(world)  # dK, dV back to their owner
+    backward = ring_finish_s(hardware.attention_backward_s(sizes, block), backward_transfer) + returned
     pairs_per_rank = block.sum(1)
     attention_layer = (hardware.attention_forward_s(sizes, pairs_per_rank)
                        + hardware.attention_backward_s(sizes, pairs_per_rank))
     attention = sizes.layers * attention_layer
-    sent = kv_transfer[:, :-1].sum(1) + backward_transfer[:, :-1].sum(1) + (kv_transfer[:, -1] if world > 1 else 0)
-    comm = sizes.layers * sent
+    comm = sizes.layers * (kv_transfer[:, :-1].sum(1) + backward_transfer[:, :-1].sum(1) + returned)
     wait = sizes.layers * (forward + backward - attention_layer)
-    kv = sizes.kv_bytes_per_token * (sizes.layers * tokens + (4 * tokens.max() if world > 1 else 0))
+    kv = sizes.kv_bytes_per_token * (sizes.layers * tokens + (4 * tokens.max() if steps > 1 else 0))
     return StepPrediction("ring", bounds, pairs_per_rank, hardware.token_s(sizes, tokens) + attention, attention,
                           comm, wait, kv.astype(np.int64), steps)
 

@@ -115,7 +115,9 @@ def test_ring_waits_for_a_slow_neighbours_shard():
 def test_ring_stops_after_the_last_step_a_rank_needs():
     doc = np.repeat(np.arange(4), 300)  # causal documents of 300 tokens, shards of 400: one step back at most
     ring = model.predict_step(model.LLAMA_3_2_1B, doc, np.full_like(doc, -1), [0, 400, 800, 1200], "ring")
-    assert ring.ring_steps == 2
+    assert ring.ring_steps == 2 and (ring.comm_s > 0).all()
+    alone = model.predict_step(model.LLAMA_3_2_1B, doc, np.full_like(doc, -1), [0, 300, 600, 900, 1200], "ring")
+    assert alone.ring_steps == 1 and (alone.comm_s == 0).all() and (alone.wait_s == 0).all()  # nothing to pass on
 
 
 @pytest.mark.parametrize("sizes", [model.LLAMA_3_2_1B, model.QWEN2_5_VL_3B], ids=lambda s: s.name)
