@@ -90,11 +90,31 @@ def wrap(model: torch.nn.Module, engine: str, device: torch.device) -> torch.nn.
     return fully_shard(model, mesh=everyone)
 
 
+ROW_INPUTS = ("input_ids", "labels", "position_ids", "omni_doc_ids", "omni_group_ids")
+
+
+class WholeRows:
+    """``collate_fn`` where a row has one rank (no context parallelism): the model inputs of the packed rows."""
+
+    def __init__(self, pack: OmniCollator):
+        self.pack = pack
+
+    def __call__(self, samples: list[dict]) -> dict:
+        batch = self.pack(samples)
+        return {key: batch[key] for key in ROW_INPUTS}
+
+
 def to_device(batch: dict, device: torch.device, group) -> tuple[dict, ContextParallel]:
-    """The model inputs of a loader batch on ``device``, and its shard bound to the row's process group."""
-    cp = batch.pop("omni_context_parallel").to(device, group=group, non_blocking=True)
+    """The model inputs of a loader batch on ``device``, and its shard bound to the row's process group (for a
+    whole row, a one-rank `ContextParallel` that only the attention timing reads)."""
+    batch = dict(batch)
+    cp = batch.pop("omni_context_parallel", None)
     inputs = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-    return inputs, cp
+    if cp is None:
+        return inputs, ContextParallel(inputs["omni_doc_ids"], inputs["omni_group_ids"],
+                                       (0, inputs["input_ids"].shape[1]), 0)
+    inputs["omni_context_parallel"] = cp.to(device, group=group, non_blocking=True)
+    return inputs, inputs["omni_context_parallel"]
 
 
 def full_gradient(model: torch.nn.Module) -> torch.Tensor:
@@ -103,10 +123,10 @@ def full_gradient(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([g.flatten().float() for g in grads])
 
 
-def check(engine_model, reference, inputs: dict, cp: ContextParallel, whole_row: dict) -> dict:
+def check(engine_model, reference, inputs: dict, whole_row: dict) -> dict:
     """Loss and gradient of the engine on the shards against ``reference`` (the same weights, unwrapped) on each
     whole row, both averaged over every rank as the engine averages; relative differences."""
-    loss = engine_model(**inputs, omni_context_parallel=cp).loss
+    loss = engine_model(**inputs).loss
     loss.backward()
     world = dist.get_world_size()
     cp_loss = loss.detach().clone()
@@ -192,7 +212,8 @@ def main() -> None:
 
     rows = SyntheticRows(args.length, config.vocab_size, rows=(args.warmup + args.steps + 1) * (world // cp_size))
     pack = OmniCollator(pad_token_id=0, mode="pack", max_length=args.length, pad_to_multiple_of=args.length)
-    shard = ContextParallelCollator(pack, world_size=cp_size, rank=cp_rank, token_cost=token_work_in_pairs(config))
+    shard = ContextParallelCollator(pack, world_size=cp_size, rank=cp_rank, token_cost=token_work_in_pairs(config)) \
+        if cp_size > 1 else WholeRows(pack)
     loader = DataLoader(rows, batch_size=None, sampler=DistributedSampler(rows, world // cp_size, dp_rank, False),
                         collate_fn=shard, num_workers=args.workers, pin_memory=device.type == "cuda")
     batches = iter(loader)
@@ -201,29 +222,30 @@ def main() -> None:
               "cp": cp_size, "seq_len": args.length}
     if args.check:
         whole = pack(rows[dp_rank])
-        whole_row = {key: whole[key].to(device) for key in ("input_ids", "labels", "position_ids", "omni_doc_ids",
-                                                              "omni_group_ids")}
-        result.update(check(model, reference, *to_device(shard(rows[dp_rank]), device, cp_group), whole_row))
+        whole_row = {key: whole[key].to(device) for key in ROW_INPUTS}
+        result.update(check(model, reference, to_device(shard(rows[dp_rank]), device, cp_group)[0], whole_row))
         del reference, whole_row
+        if device.type == "cuda":  # the peak printed last is the training's
+            torch.cuda.reset_peak_memory_stats(device)
 
-    times, shards = [], []
+    times, shards, static = [], [], 0
     progress = tqdm(range(args.warmup + args.steps), desc="steps", disable=rank != 0)
     for step in progress:
         inputs, cp = to_device(next(batches), device, cp_group)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        loss = model(**inputs, omni_context_parallel=cp).loss
+        loss = model(**inputs).loss
         loss.backward()
         optimizer.step()
+        if device.type == "cuda":  # weights, gradients and optimizer state: what a longer row does not grow
+            static = max(static, torch.cuda.memory_allocated(device))
         optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(loss := loss.detach())
         loss = loss.item() / world
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
             shards.append(cp)
-        if step == 0 and device.type == "cuda":
-            static = torch.cuda.memory_allocated(device)  # weights, gradients' buffers, optimizer state
         progress.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{world // cp_size * args.length / (time.perf_counter() - start):.0f}")
 
     step_s = statistics.median(times)
