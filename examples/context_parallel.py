@@ -3,13 +3,15 @@
     torchrun --nproc-per-node 2 examples/context_parallel.py                          # CPU (gloo), tiny Llama
     torchrun --nproc-per-node 2 examples/context_parallel.py --device cuda --model tinyllama-1.1b --length 65536
     torchrun --nproc-per-node 4 examples/context_parallel.py --cp 2 --engine ddp      # 2 rows at a time, 2 ranks each
+    accelerate launch --num-processes 2 examples/context_parallel.py --device cuda --engine accelerate
 
 The ranks form a data x context mesh (``--cp`` ranks share a row; the data-parallel ranks take different rows).
 A DataLoader builds the batches ahead: synthetic packed rows (text samples with image spans that attend both ways)
 collated by `OmniCollator`, cut by `ContextParallelCollator` into shards of equal work (attention pairs plus each
 token's projections, MLP and LM head) at positions that split no image. The engine (``--engine fsdp2``: parameters,
-gradients and optimizer state sharded over every rank; ``ddp``: replicated) averages the gradients, bucketed and
-overlapped with the backward; the ranks' losses average to the row's, so that average is the row's gradient.
+gradients and optimizer state sharded over every rank; ``ddp``: replicated; ``accelerate``: FSDP2 through
+accelerate's plugin, for ``accelerate launch``) averages the gradients, bucketed and overlapped with the backward;
+the ranks' losses average to the row's, so that average is the row's gradient.
 
 ``--check`` first compares the engine's loss and gradients with one process running each whole row. Printed last:
 tokens/s, peak memory per rank and each rank's attention time (its imbalance); ``--json`` writes them.
@@ -80,14 +82,31 @@ def build_model(name: str, length: int, device: torch.device, checkpointing: boo
     return model
 
 
-def wrap(model: torch.nn.Module, engine: str, device: torch.device) -> torch.nn.Module:
-    """The model under ``engine`` over every rank (data and context ranks hold the same parameters)."""
+def wrap(model: torch.nn.Module, engine: str, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model under ``engine`` over every rank (data and context ranks hold the same parameters), and its AdamW.
+
+    ``accelerate`` is FSDP2 set up by accelerate's plugin (one unit per decoder layer); only the model and the
+    optimizer go through ``Accelerator.prepare``: a prepared DataLoader would give every rank other rows, where the
+    ranks of one row need the same."""
+    if engine == "accelerate":
+        if device.type != "cuda":
+            raise SystemExit("--engine accelerate: accelerate runs FSDP on CUDA only (on the CPU it would run no "
+                             "engine); use --engine fsdp2 or ddp")
+        from accelerate import Accelerator
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        layer = type(model.model.layers[0]).__name__
+        accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=[layer]))
+        return accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     if engine == "ddp":
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    everyone = init_device_mesh(device.type, (dist.get_world_size(),))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=everyone)
-    return fully_shard(model, mesh=everyone)
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    else:
+        everyone = init_device_mesh(device.type, (dist.get_world_size(),))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=everyone)
+        fully_shard(model, mesh=everyone)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
 ROW_INPUTS = ("input_ids", "labels", "position_ids", "omni_doc_ids", "omni_group_ids")
@@ -182,7 +201,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl, one GPU "
                         "per rank)")
     parser.add_argument("--model", default="tiny", choices=list(MODELS))
-    parser.add_argument("--engine", default="fsdp2", choices=("fsdp2", "ddp"))
+    parser.add_argument("--engine", default="fsdp2", choices=("fsdp2", "ddp", "accelerate"),
+                        help="FSDP2 (fully_shard), DDP, or FSDP2 through accelerate (CUDA only)")
     parser.add_argument("--cp", type=int, default=None, help="ranks sharing a row (default: all)")
     parser.add_argument("--length", type=int, default=4096, help="tokens per packed row")
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
@@ -207,8 +227,7 @@ def main() -> None:
     model = build_model(args.model, args.length, device, checkpointing=not args.no_checkpointing)
     config, dtype = model.config, model.dtype
     reference = build_model(args.model, args.length, device, checkpointing=True) if args.check else None
-    model = wrap(model, args.engine, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer = wrap(model, args.engine, device)
 
     rows = SyntheticRows(args.length, config.vocab_size, rows=(args.warmup + args.steps + 1) * (world // cp_size))
     pack = OmniCollator(pad_token_id=0, mode="pack", max_length=args.length, pad_to_multiple_of=args.length)

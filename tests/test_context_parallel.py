@@ -309,9 +309,11 @@ def test_the_engines_give_one_process_loss_and_gradients(ranks, cp, engine, tmp_
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-@pytest.mark.parametrize("engine", ["fsdp2", "ddp"])
+@pytest.mark.parametrize("engine", ["fsdp2", "ddp", "accelerate"])
 def test_the_engines_on_two_gpus_give_one_process_loss(engine, tmp_path):
     """NCCL, bf16 kernels: the loss within 1e-3 relative of one process's, gradients within bf16 noise."""
+    if engine == "accelerate":
+        pytest.importorskip("accelerate", reason="python3 -m pip install -e '.[train]'")
     result = run_example(tmp_path, 2, "--device", "cuda", "--check", "--engine", engine, "--length", "16384",
                          "--steps", "2", "--warmup", "1")
     assert result["loss_rel_diff"] <= 1e-3 and result["grad_rel_diff"] <= 2e-2, result
