@@ -130,7 +130,8 @@ def test_an_empty_shard_is_refused():
 # ---------------------------------------------------------------------- shards made in a DataLoader
 
 
-def collated_samples(seed: int) -> list[dict]:
+def interleaved_samples(seed: int) -> list[dict]:
+    """Five samples of 60-200 tokens (ids below 100), each with a 30-token image span (bidirectional)."""
     gen = torch.Generator().manual_seed(seed)
     samples = []
     for length in (90, 140, 60, 200, 110):
@@ -145,7 +146,7 @@ def test_the_collator_gives_each_rank_the_shard_of_the_whole_batch(world_size):
     """Through a DataLoader worker (the shard is pickled back): each rank's batch is `shard_batch` of the whole
     collated row at `balanced_bounds`' cuts, with no process group yet."""
     pack = OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)
-    samples = collated_samples(world_size)
+    samples = interleaved_samples(world_size)
     whole = pack(samples)
     doc, grp = whole["omni_doc_ids"].numpy(), whole["omni_group_ids"].numpy()
     bounds = balanced_bounds(doc, grp, world_size, token_cost=7.5)
@@ -242,14 +243,8 @@ def llama(seed: int = 0):
 
 
 def packed_batch(seed: int) -> dict:
-    """One packed row of interleaved samples (image spans bidirectional) from the collator."""
-    gen = torch.Generator().manual_seed(seed)
-    samples = []
-    for length in (90, 140, 60, 200, 110):
-        ids = torch.randint(1, 100, (length,), generator=gen).tolist()
-        start = int(torch.randint(5, length - 40, (1,), generator=gen))
-        samples.append({"input_ids": ids, "modality_spans": [(start, start + 30)]})
-    return OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)(samples)
+    """One packed row of `interleaved_samples` from the collator."""
+    return OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)(interleaved_samples(seed))
 
 
 def model_rank(rank, world_size, seed):
