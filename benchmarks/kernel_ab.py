@@ -166,7 +166,7 @@ def measure_cases(cases: list[Case], which: str) -> dict:
 
     if not _cuda.available():
         raise SystemExit("kernel_ab: needs a CUDA device and the omni_hf CUDA library")
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": _cuda.library_path(),
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": str(_cuda.library_path()),
             "rows": [measure_case(case, which) for case in cases]}
 
 
