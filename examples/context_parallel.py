@@ -283,8 +283,9 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         summary = ", ".join(f"rank {r}: {t} tokens, attention {a:.1f} ms" for r, (t, a) in
                             enumerate(zip(per_rank["tokens"], per_rank["attention_ms"])))
-        print(f"{result['tokens_per_s']:.0f} tokens/s over {world} ranks ({cp_size} per row); {summary}; attention "
-              f"imbalance {result['imbalance']:.1%}")
+        print(f"{result['tokens_per_s']:.0f} tokens/s over {world} ranks ({cp_size} per row); {summary} (tokens of the "
+              f"first timed row, one layer's attention summed over the timed rows); attention imbalance "
+              f"{result['imbalance']:.1%}")
         if args.json:
             args.json.write_text(json.dumps(result, indent=1) + "\n")
     dist.destroy_process_group()
