@@ -215,8 +215,8 @@ def main() -> None:
 
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=5))
     world, rank = dist.get_world_size(), dist.get_rank()
-    cp_size = args.cp or world
-    if world % cp_size:
+    cp_size = world if args.cp is None else args.cp
+    if cp_size < 1 or world % cp_size:
         raise SystemExit(f"--cp: expected a divisor of the {world} ranks, got {cp_size}")
     device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", 0)) if args.device == "cuda" else None)
     if device.type == "cuda":
@@ -268,10 +268,11 @@ def main() -> None:
         progress.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{world // cp_size * args.length / (time.perf_counter() - start):.0f}")
 
     step_s = statistics.median(times)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0  # the training's, not the timing's
     attention = sum(attention_ms(cp, config, dtype, device) for cp in shards)
     per_rank = {"tokens": gathered(shards[0].stop - shards[0].start), "attention_ms": gathered(attention)}
     if device.type == "cuda":
-        per_rank["peak_memory_gib"] = gathered(torch.cuda.max_memory_allocated(device) / 2**30)
+        per_rank["peak_memory_gib"] = gathered(peak / 2**30)
         per_rank["static_memory_gib"] = gathered(static / 2**30)
     result.update(tokens_per_s=world // cp_size * args.length / step_s, step_s=times, per_rank=per_rank,
                   imbalance=max(per_rank["attention_ms"]) / statistics.mean(per_rank["attention_ms"]) - 1,

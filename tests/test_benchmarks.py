@@ -592,3 +592,23 @@ def test_committed_readmes_are_current_where_they_carry_the_markers():
         if f"<!-- {target.marker}:start -->" in text:
             assert readme_tables.replace_between(text, target.marker, body, target.path) == text, (
                 f"{target.path} is stale: run python -m benchmarks.readme_tables")
+
+
+# ---------------------------------------------------------------------- the longest-row search of bench_context_parallel
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_longest_row_search_brackets_the_limit(monkeypatch, seed):
+    """Against a GPU whose limit is a random length: the search returns the longest multiple of its resolution tried
+    that fits and a shorter-than-coarse bracket around the limit, from first guesses above and below it."""
+    from benchmarks import bench_context_parallel as bench
+
+    gen = random.Random(fresh_seed())
+    limit = gen.randrange(20_000, 400_000)
+    monkeypatch.setattr(bench, "fits", lambda gpus, length, args: length <= limit)
+    args = type("Args", (), {"coarse": 16384, "resolution": 2048})()
+    for guess in (16384 * gen.randrange(1, 6), 16384 * gen.randrange(20, 30)):
+        found = bench.longest_row(2, guess, args)
+        assert found["longest"] <= limit < found["shortest_failing"], (limit, found)
+        assert found["shortest_failing"] - found["longest"] <= 2048
+        assert all(t["fits"] == (t["length"] <= limit) for t in found["tries"])

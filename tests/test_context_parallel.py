@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,7 @@ def test_a_large_token_cost_balances_tokens(world_size):
 
 def test_a_negative_token_cost_is_refused():
     doc = torch.zeros(1, 40, dtype=torch.int32)
-    with pytest.raises(ValueError, match="token_cost: expected a cost >= 0.*got -1"):
+    with pytest.raises(ValueError, match="token_cost: expected a finite cost >= 0.*got -1"):
         balanced_bounds(doc.numpy(), (doc - 1).numpy(), 2, token_cost=-1)
 
 
@@ -171,12 +172,47 @@ def test_a_shard_moves_and_takes_its_group():
     cp = ContextParallel(doc, grp, (0, 300, LENGTH), 1, masks={"stale": 1})
     moved = cp.to("cpu", group="the row's group")
     assert moved.group == "the row's group" and moved.masks == {} and moved.bounds == cp.bounds
+    assert moved.to("cpu").group == "the row's group"  # no group given: the shard keeps its own
     assert pickle.loads(pickle.dumps(cp)).bounds == cp.bounds
 
 
-def test_a_collator_rank_outside_the_world_is_refused():
-    with pytest.raises(ValueError, match="rank: expected 0 <= rank < world_size = 2, got 2"):
-        ContextParallelCollator(OmniCollator(pad_token_id=0), 2, 2)
+@pytest.mark.parametrize("world_size, rank, token_cost, message", [
+    (2, 2, 0.0, "rank: expected 0 <= rank < world_size = 2, got 2"),
+    (0, 0, 0.0, "world_size: expected the number of ranks sharing a row .>= 1., got 0"),
+    (2, 0, float("nan"), "token_cost: expected a finite cost >= 0 .* got nan"),
+])
+def test_a_collator_with_bad_arguments_is_refused(world_size, rank, token_cost, message):
+    with pytest.raises(ValueError, match=message):
+        ContextParallelCollator(OmniCollator(pad_token_id=0), world_size, rank, token_cost=token_cost)
+
+
+def test_a_shard_rank_outside_its_bounds_is_refused():
+    doc, grp = packed_ids(0)
+    with pytest.raises(ValueError, match=r"rank: expected 0 <= rank < 2 \(the shards of bounds \(0, 300, 600\)\), got 2"):
+        ContextParallel(doc, grp, (0, 300, LENGTH), 2)
+
+
+def test_token_work_in_pairs_refuses_a_config_without_a_dense_mlp():
+    with pytest.raises(ValueError, match="config: expected a dense decoder config with intermediate_size"):
+        token_work_in_pairs(SimpleNamespace(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=10))
+
+
+def group_rank(rank, world_size):
+    """A shard of a three-rank row bound to this two-rank group is refused, naming the group's size and rank."""
+    doc, grp = packed_ids(0)
+    cp = ContextParallel(doc, grp, (0, 200, 400, LENGTH), rank)
+    try:
+        cp.to("cpu")
+    except ValueError as err:
+        return {"error": str(err)}
+    return {"error": None}
+
+
+def test_a_shard_bound_to_a_group_of_another_size_is_refused(tmp_path):
+    for rank, got in enumerate(run_ranks(2, group_rank, tmp_path)):
+        assert got["error"] == (f"group: expected the row's 3 ranks with this process as rank {rank}, got 2 ranks with "
+                                f"this process as rank {rank} (pass the context-parallel group, e.g. "
+                                "mesh['cp'].get_group())")
 
 
 # ---------------------------------------------------------------------- ranks

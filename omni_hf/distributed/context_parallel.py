@@ -61,6 +61,9 @@ def token_work_in_pairs(config) -> float:
     alike, and attention kernels run somewhat below GEMM speed, so this is a model of the balance, not a timing.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "intermediate_size", None) is None:
+        raise ValueError(f"config: expected a dense decoder config with intermediate_size (Llama, Qwen, Mistral, "
+                         f"Gemma, Phi-3), got {type(text).__name__} without one; pass token_cost yourself")
     hidden, layers = text.hidden_size, text.num_hidden_layers
     q_heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or q_heads
@@ -122,8 +125,8 @@ def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
     module docstring). A position's work is its queries' allowed keys (`allowed_keys_per_query`, summed over the
     batch) plus ``token_cost`` per row (the work every token costs outside attention, in (q, k) pairs:
     `token_work_in_pairs`; 0 balances attention alone). Raises ValueError where that leaves a shard empty."""
-    if token_cost < 0:
-        raise ValueError(f"token_cost: expected a cost >= 0 in (q, k) pairs per token, got {token_cost}")
+    if not token_cost >= 0 or not np.isfinite(token_cost):
+        raise ValueError(f"token_cost: expected a finite cost >= 0 in (q, k) pairs per token, got {token_cost}")
     work = allowed_keys_per_query(doc_ids, group_ids, window).sum(0) + token_cost * doc_ids.shape[0]
     length = work.shape[0]
     cumulative = np.concatenate([[0], np.cumsum(work)])
@@ -141,10 +144,14 @@ def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
     return cuts
 
 
+_KEEP = object()  # `ContextParallel.to`'s default: keep the shard's group
+
+
 class _AllGather(torch.autograd.Function):
-    """``[W * B, ...]``: ``x`` (``[B, ...]``) of every rank of ``group``, joined along dim 0; the backward sums the ranks' gradients of each piece on
-    its owner (a reduce-scatter; gloo, which has none, all-reduces and keeps its own piece). torch's differentiable
-    all-gather emulates this on gloo with scatters that take group ranks for global ones, which breaks on subgroups."""
+    """``[W * B, ...]``: ``x`` (``[B, ...]``) of every rank of ``group``, joined along dim 0. The backward sums the
+    ranks' gradients of each piece on its owner: a reduce-scatter on GPUs; on the CPU an all-reduce that keeps the
+    rank's piece (gloo's reduce-scatter is recent). torch's own differentiable all-gather emulates the backward on gloo
+    with scatters that take group ranks for global ones, which fails on the context subgroup of a 2D mesh."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
@@ -155,12 +162,13 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        if dist.get_backend(ctx.group) == dist.Backend.GLOO:
-            dist.all_reduce(grad, group=ctx.group)
-            return grad.chunk(dist.get_world_size(ctx.group))[dist.get_rank(ctx.group)], None
-        mine = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
+        world = dist.get_world_size(ctx.group)
+        if grad.device.type == "cpu":
+            summed = grad.clone(memory_format=torch.contiguous_format)
+            dist.all_reduce(summed, group=ctx.group)
+            return summed.chunk(world)[dist.get_rank(ctx.group)], None
+        mine = grad.new_empty((grad.shape[0] // world, *grad.shape[1:]))
+        dist.reduce_scatter_tensor(mine, grad.contiguous(), group=ctx.group)
         return mine, None
 
 
@@ -184,6 +192,11 @@ class ContextParallel:
     group: Any = None
     masks: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        if not 0 <= self.rank < len(self.bounds) - 1:
+            raise ValueError(f"rank: expected 0 <= rank < {len(self.bounds) - 1} (the shards of bounds {self.bounds}), "
+                             f"got {self.rank}")
+
     @classmethod
     def for_batch(cls, doc_ids: torch.Tensor, group_ids: torch.Tensor, group: Any = None,
                   window: int | None = None, token_cost: float = 0.0) -> ContextParallel:
@@ -198,8 +211,14 @@ class ContextParallel:
                                  token_cost)
         return cls(doc_ids.to(torch.int32), group_ids.to(torch.int32), tuple(bounds), dist.get_rank(group), group)
 
-    def to(self, device: torch.device | str, group: Any = None, non_blocking: bool = False) -> ContextParallel:
-        """This shard with its ids on ``device`` and ``group`` as its process group (None: the default group)."""
+    def to(self, device: torch.device | str, group: Any = _KEEP, non_blocking: bool = False) -> ContextParallel:
+        """This shard with its ids on ``device`` and, where given, ``group`` as its process group (None: the default
+        group). The group must have this shard's number of ranks, and this process this shard's rank in it."""
+        group = self.group if group is _KEEP else group
+        if dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (self.world_size, self.rank):
+            raise ValueError(f"group: expected the row's {self.world_size} ranks with this process as rank {self.rank}, "
+                             f"got {dist.get_world_size(group)} ranks with this process as rank "
+                             f"{dist.get_rank(group)} (pass the context-parallel group, e.g. mesh['cp'].get_group())")
         doc, grp = (ids.to(device, non_blocking=non_blocking) for ids in (self.doc_ids, self.group_ids))
         return dataclasses.replace(self, doc_ids=doc, group_ids=grp, group=group, masks={})
 
@@ -280,7 +299,8 @@ class ContextParallelCollator:
 
     Attributes:
         collator: makes a batch with ``omni_doc_ids``, ``omni_group_ids`` and ``labels`` (`omni_hf.OmniCollator`).
-        world_size, rank: the ranks sharing a row, and this process's rank among them.
+        world_size, rank: how many ranks share a row (the context-parallel size, not the global world size), and
+            this process's rank among them.
         window: the sliding window of every layer, if all have one (balances by the work it leaves).
         token_cost: work per token outside attention, in (q, k) pairs (`token_work_in_pairs`).
     """
@@ -292,8 +312,12 @@ class ContextParallelCollator:
     token_cost: float = 0.0
 
     def __post_init__(self):
+        if self.world_size < 1:
+            raise ValueError(f"world_size: expected the number of ranks sharing a row (>= 1), got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size = {self.world_size}, got {self.rank}")
+        if not self.token_cost >= 0 or not np.isfinite(self.token_cost):
+            raise ValueError(f"token_cost: expected a finite cost >= 0 in (q, k) pairs per token, got {self.token_cost}")
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         batch = self.collator(samples)
