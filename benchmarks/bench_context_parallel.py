@@ -122,8 +122,8 @@ def main() -> None:
               "model": args.model, "engine": args.engine, "seq_len": args.length,
               "speedup": many["tokens_per_s"] / one["tokens_per_s"], "capacity_ratio": None,
               "imbalance": many["imbalance"], "loss_rel_diff": many["loss_rel_diff"],
-              "grad_rel_diff": many["grad_rel_diff"], "tokens_per_s": {"1": one["tokens_per_s"],
-                                                                       str(args.gpus): many["tokens_per_s"]},
+              "grad_rel_diff": many["grad_rel_diff"], "grad_noise": many["grad_noise"],
+              "tokens_per_s": {"1": one["tokens_per_s"], str(args.gpus): many["tokens_per_s"]},
               "runs": {"1": one, str(args.gpus): many},
               "command": "python -m benchmarks.bench_context_parallel " + " ".join(sys.argv[1:])}
     if not args.no_capacity:
@@ -142,12 +142,13 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{args.model}, {args.engine}, {args.gpus} x {result['gpu']}, rows of {args.length} tokens ({path.name})")
     print(f"| tokens/s 1 GPU | tokens/s {args.gpus} GPUs | speedup | longest row 1 / {args.gpus} | capacity | "
-          "attention imbalance | loss rel. diff | grad rel. diff |")
+          "attention imbalance | loss rel. diff | grad rel. diff (noise) |")
     longest = {gpus: search["longest"] for gpus, search in result.get("longest_row", {}).items()}
     capacity = f"{result['capacity_ratio']:.2f}x" if result["capacity_ratio"] else "-"
     print(f"| {one['tokens_per_s']:,.0f} | {many['tokens_per_s']:,.0f} | {result['speedup']:.2f}x | "
           f"{longest.get('1')} / {longest.get(str(args.gpus))} | {capacity} | "
-          f"{result['imbalance']:.1%} | {result['loss_rel_diff']:.1e} | {result['grad_rel_diff']:.1e} |")
+          f"{result['imbalance']:.1%} | {result['loss_rel_diff']:.1e} | {result['grad_rel_diff']:.1e} "
+          f"({result['grad_noise']:.1e}) |")
 
 
 if __name__ == "__main__":

@@ -142,26 +142,40 @@ def full_gradient(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([g.flatten().float() for g in grads])
 
 
-def check(engine_model, reference, inputs: dict, whole_row: dict) -> dict:
+def check(engine_model, reference, inputs: dict, whole_rows: tuple[dict, dict]) -> dict:
     """Loss and gradient of the engine on the shards against ``reference`` (the same weights, unwrapped) on each
-    whole row, both averaged over every rank as the engine averages; relative differences."""
+    whole row, both averaged over every rank as the engine averages; relative differences. The yardstick of the
+    gradients' difference, ``grad_noise``: one process's gradient on the row against its gradient on the same
+    samples packed in reverse order (the same sums in another order: what the dtype's rounding alone moves)."""
     loss = engine_model(**inputs).loss
     loss.backward()
-    world = dist.get_world_size()
     cp_loss = loss.detach().clone()
     dist.all_reduce(cp_loss)
     cp_grad = full_gradient(engine_model)
     engine_model.zero_grad(set_to_none=True)
-    one_loss = reference(**whole_row).loss
-    one_loss.backward()
-    one_grad = torch.cat([p.grad.flatten().float() for p in reference.parameters()])
-    one_loss = one_loss.detach().clone()
-    dist.all_reduce(one_loss)
-    dist.all_reduce(one_grad)
-    one_grad /= world
-    return {"loss_one_process": one_loss.item() / world, "loss_context_parallel": cp_loss.item() / world,
-            "loss_rel_diff": abs(cp_loss.item() - one_loss.item()) / abs(one_loss.item()),
-            "grad_rel_diff": ((cp_grad - one_grad).norm() / one_grad.norm()).item()}
+    (one_loss, one_grad), (_, reordered_grad) = (averaged_loss_and_gradient(reference, row) for row in whole_rows)
+    world = dist.get_world_size()
+    return {"loss_one_process": one_loss, "loss_context_parallel": cp_loss.item() / world,
+            "loss_rel_diff": abs(cp_loss.item() / world - one_loss) / abs(one_loss),
+            "grad_rel_diff": relative_difference(cp_grad, one_grad),
+            "grad_noise": relative_difference(reordered_grad, one_grad)}
+
+
+def averaged_loss_and_gradient(model, inputs: dict) -> tuple[float, torch.Tensor]:
+    """``model``'s loss and flattened float32 gradient on ``inputs``, averaged over every rank."""
+    loss = model(**inputs).loss
+    loss.backward()
+    grad = torch.cat([p.grad.flatten().float() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    loss = loss.detach().clone()
+    for total in (loss, grad):
+        dist.all_reduce(total)
+        total /= dist.get_world_size()
+    return loss.item(), grad
+
+
+def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).norm() / want.norm()).item()
 
 
 def attention_ms(cp: ContextParallel, config: LlamaConfig, dtype: torch.dtype, device: torch.device) -> float:
@@ -240,10 +254,10 @@ def main() -> None:
     result = {"model": args.model, "engine": args.engine, "gpus" if device.type == "cuda" else "ranks": world,
               "cp": cp_size, "seq_len": args.length}
     if args.check:
-        whole = pack(rows[dp_rank])
-        whole_row = {key: whole[key].to(device) for key in ROW_INPUTS}
-        result.update(check(model, reference, to_device(shard(rows[dp_rank]), device, cp_group)[0], whole_row))
-        del reference, whole_row
+        whole_rows = tuple({key: value.to(device) for key, value in WholeRows(pack)(samples).items()}
+                           for samples in (rows[dp_rank], rows[dp_rank][::-1]))
+        result.update(check(model, reference, to_device(shard(rows[dp_rank]), device, cp_group)[0], whole_rows))
+        del reference, whole_rows
         if device.type == "cuda":  # the peak printed last is the training's
             torch.cuda.reset_peak_memory_stats(device)
 
