@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -147,6 +148,7 @@ def check(engine_model, reference, inputs: dict, whole_rows: tuple[dict, dict]) 
     whole row, both averaged over every rank as the engine averages; relative differences. The yardstick of the
     gradients' difference, ``grad_noise``: one process's gradient on the row against its gradient on the same
     samples packed in reverse order (the same sums in another order: what the dtype's rounding alone moves)."""
+    check_same_row(inputs["omni_context_parallel"])
     loss = engine_model(**inputs).loss
     loss.backward()
     cp_loss = loss.detach().clone()
@@ -159,6 +161,17 @@ def check(engine_model, reference, inputs: dict, whole_rows: tuple[dict, dict]) 
             "loss_rel_diff": abs(cp_loss.item() / world - one_loss) / abs(one_loss),
             "grad_rel_diff": relative_difference(cp_grad, one_grad),
             "grad_noise": relative_difference(reordered_grad, one_grad)}
+
+
+def check_same_row(cp: ContextParallel) -> None:
+    """Raises where the ranks of a row were given different rows (a sampler over every rank instead of the data
+    ranks, or samples drawn at random per worker): their shards would then attend to other rows' keys."""
+    digest = zlib.crc32(cp.doc_ids.cpu().numpy().tobytes() + cp.group_ids.cpu().numpy().tobytes())
+    digests = [None] * cp.world_size
+    dist.all_gather_object(digests, digest, group=cp.group)
+    if len(set(digests)) > 1:
+        raise SystemExit(f"the ranks of one row hold different rows (id checksums {digests}): their DataLoaders must "
+                         "sample over the data-parallel ranks only")
 
 
 def averaged_loss_and_gradient(model, inputs: dict) -> tuple[float, torch.Tensor]:

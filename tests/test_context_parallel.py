@@ -350,3 +350,22 @@ def test_the_engines_on_two_gpus_give_one_process_loss(engine, tmp_path):
     result = run_example(tmp_path, 2, "--device", "cuda", "--check", "--engine", engine, "--length", "16384",
                          "--steps", "2", "--warmup", "1")
     assert result["loss_rel_diff"] <= 1e-3 and result["grad_rel_diff"] <= 2e-2, result
+
+
+def same_row_rank(rank, world_size):
+    """`check_same_row` of the example on shards of one row, then of rows that differ by rank."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    from context_parallel import check_same_row
+
+    doc, grp = packed_ids(0)
+    check_same_row(ContextParallel(doc, grp, (0, 300, LENGTH), rank))
+    try:
+        check_same_row(ContextParallel(doc + rank, grp, (0, 300, LENGTH), rank))
+    except SystemExit as err:
+        return {"error": str(err)}
+    return {"error": None}
+
+
+def test_the_example_refuses_ranks_of_a_row_holding_different_rows(tmp_path):
+    for got in run_ranks(2, same_row_rank, tmp_path):
+        assert got["error"] is not None and "the ranks of one row hold different rows" in got["error"]
