@@ -29,6 +29,15 @@ def needs(*tools: str) -> None:
         pytest.skip(str(err))
 
 
+def host_program(source: str, exe: Path) -> Path:
+    """``source`` (CUDA C++ that includes csrc's headers) compiled by nvcc into the host program ``exe``."""
+    exe.with_suffix(".cu").write_text(source)
+    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
+    subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(exe.with_suffix(".cu")), "-o", str(exe)],
+                   check=True)
+    return exe
+
+
 def test_python_expects_the_abi_version_of_the_header():
     header = (build.CSRC / "include" / "omni_attention.h").read_text()
     assert f"#define OMNI_ABI_VERSION {library.ABI_VERSION}\n" in header
@@ -98,11 +107,7 @@ def test_head_dim_dispatch_takes_exactly_the_tables_head_dims(tmp_path):
     instantiated and dispatched to itself, and the sm_90a and decode checks follow its families; every other one
     falls through."""
     needs()
-    source = tmp_path / "dispatch.cu"
-    source.write_text(DISPATCH_HARNESS)
-    exe = tmp_path / "dispatch"
-    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
-    subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(source), "-o", str(exe)], check=True)
+    exe = host_program(DISPATCH_HARNESS, tmp_path / "dispatch")
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     table = load_generator().HEAD_DIMS
     for line in out.splitlines():
@@ -177,11 +182,7 @@ def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path
     allows lies in a listed block, each block's type holds for every pair in it, and both views list the same
     blocks as `OmniBlockMask.block_table` (what the reference and `describe` use)."""
     needs()
-    source = tmp_path / "harness.cu"
-    source.write_text(HARNESS)
-    exe = tmp_path / "harness"
-    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
-    subprocess.run([build.find_nvcc(), "-std=c++17", *includes, str(source), "-o", str(exe)], check=True)
+    exe = host_program(HARNESS, tmp_path / "harness")
     lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
     out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
     for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
