@@ -103,6 +103,11 @@ def _group_keys(doc: np.ndarray, grp: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return inverse.reshape(-1), member
 
 
+def _check_token_cost(token_cost: float) -> None:
+    if not token_cost >= 0 or not np.isfinite(token_cost):
+        raise ValueError(f"token_cost: expected a finite cost >= 0 in (q, k) pairs per token, got {token_cost}")
+
+
 def _uncuttable(doc: np.ndarray, grp: np.ndarray) -> np.ndarray:
     """bool ``[S + 1]``: True at each cut point that would leave one (document, group) pair on both sides."""
     pair, member = _group_keys(doc, grp)
@@ -125,8 +130,7 @@ def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
     module docstring). A position's work is its queries' allowed keys (`allowed_keys_per_query`, summed over the
     batch) plus ``token_cost`` per row (the work every token costs outside attention, in (q, k) pairs:
     `token_work_in_pairs`; 0 balances attention alone). Raises ValueError where that leaves a shard empty."""
-    if not token_cost >= 0 or not np.isfinite(token_cost):
-        raise ValueError(f"token_cost: expected a finite cost >= 0 in (q, k) pairs per token, got {token_cost}")
+    _check_token_cost(token_cost)
     work = allowed_keys_per_query(doc_ids, group_ids, window).sum(0) + token_cost * doc_ids.shape[0]
     length = work.shape[0]
     cumulative = np.concatenate([[0], np.cumsum(work)])
@@ -316,8 +320,7 @@ class ContextParallelCollator:
             raise ValueError(f"world_size: expected the number of ranks sharing a row (>= 1), got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size = {self.world_size}, got {self.rank}")
-        if not self.token_cost >= 0 or not np.isfinite(self.token_cost):
-            raise ValueError(f"token_cost: expected a finite cost >= 0 in (q, k) pairs per token, got {self.token_cost}")
+        _check_token_cost(self.token_cost)  # here, not first in a DataLoader worker
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         batch = self.collator(samples)
