@@ -77,7 +77,8 @@ def build_model(name: str, length: int, device: torch.device, checkpointing: boo
     torch.manual_seed(0)
     config = LlamaConfig(**MODELS[name], max_position_embeddings=max(length, 2048))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="omni", dtype=dtype).to(device)
+    with torch.device(device):  # random weights drawn where they live: no 1B-parameter initialisation on the CPU
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="omni", dtype=dtype)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

@@ -2,6 +2,7 @@
 omni's, the eager peer against the reference, checks, and the JSON / table / plot round trip.
 GPU parts (a whole case through `benchmarks.run`) skip without CUDA and the omni_hf CUDA library."""
 
+import json
 import math
 import random
 import statistics
@@ -605,10 +606,62 @@ def test_the_longest_row_search_brackets_the_limit(monkeypatch, seed):
 
     gen = random.Random(fresh_seed())
     limit = gen.randrange(20_000, 400_000)
-    monkeypatch.setattr(bench, "fits", lambda gpus, length, args: length <= limit)
+    monkeypatch.setattr(bench, "fits", lambda gpus, length, args, devices=None: length <= limit)
     args = type("Args", (), {"coarse": 16384, "resolution": 2048})()
     for guess in (16384 * gen.randrange(1, 6), 16384 * gen.randrange(20, 30)):
         found = bench.longest_row(2, guess, args)
         assert found["longest"] <= limit < found["shortest_failing"], (limit, found)
         assert found["shortest_failing"] - found["longest"] <= 2048
         assert all(t["fits"] == (t["length"] <= limit) for t in found["tries"])
+
+
+def _fake_run(gpus: int, length: int) -> dict:
+    """What `examples/context_parallel.py --json` writes, for ``gpus`` GPUs on a ``length``-token row."""
+    cuts = [length // gpus] * (gpus - 1) + [length - length // gpus * (gpus - 1)]
+    checked = {"loss_rel_diff": 1e-6, "grad_rel_diff": 1e-2, "grad_noise": 2e-2} if gpus > 1 else {}
+    return {"gpus": gpus, "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.x", "seq_len": length, "memory_gib": 80.0,
+            "tokens_per_s": 1000.0 * gpus, "imbalance": 0.01, "step_s": [1.0],
+            "per_rank": {"tokens": cuts, "attention_ms": [1.0] * gpus, "static_memory_gib": [8.0 / gpus] * gpus,
+                         "peak_memory_gib": [8.0 / gpus + 40.0 / gpus] * gpus}, **checked}
+
+
+def test_the_context_parallel_benchmark_resumes_from_its_parts(monkeypatch, tmp_path, capsys):
+    """A speed call, then a capacity call that reuses its runs and searches the GPU counts side by side on disjoint
+    GPUs: the JSON's capacity ratio is the searched limits' and lies in its bounds; a capacity call on another kind
+    of GPU than the searches so far is refused."""
+    from benchmarks import bench_context_parallel as bench
+
+    gen = random.Random(fresh_seed())
+    limits = {gpus: gen.randrange(20_000, 60_000) * gpus for gpus in (1, 2, 4)}
+    launched, placed = [], []
+    monkeypatch.setattr(bench, "launch", lambda gpus, length, args, *extra, devices=None:
+                        launched.append((gpus, extra)) or _fake_run(gpus, length))
+    monkeypatch.setattr(bench, "fits", lambda gpus, length, args, devices=None:
+                        placed.append((gpus, devices)) or length <= limits[gpus])
+    monkeypatch.setattr(bench, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 4)
+    monkeypatch.setattr(bench, "gpu_memory_gib", lambda: 80.0)
+    monkeypatch.setattr(bench, "driver_version", lambda: "test")
+    common = ["--gpus", "2", "4", "--model", "tiny", "--length", "4096", "--resolution", "1024", "--out", str(tmp_path)]
+
+    monkeypatch.setattr(sys, "argv", ["bench", *common, "--parts", "speed"])
+    bench.main()
+    assert sorted(gpus for gpus, _ in launched) == [1, 2, 4]
+    assert all(("--check" in extra) == (gpus > 1) for gpus, extra in launched)
+    monkeypatch.setattr(sys, "argv", ["bench", *common, "--parts", "capacity", "--concurrent"])
+    bench.main()
+    assert len(launched) == 3, "the capacity call ran a speed run again instead of reusing it"
+    assert {devices for gpus, devices in placed if gpus == 4} == {"0,1,2,3"}
+    assert {devices for gpus, devices in placed if gpus < 4} == {"0,1", "2"}  # side by side, disjoint
+    for gpus in (2, 4):
+        result = json.loads((tmp_path / f"context_parallel_{gpus}xh100.json").read_text())
+        found = result["longest_row"]
+        assert result["capacity_ratio"] == found[str(gpus)]["longest"] / found["1"]["longest"]
+        low, high = result["capacity_ratio_bounds"]
+        assert low <= limits[gpus] / limits[1] < high
+        assert result["speedup"] == gpus and 0 < result["predicted"]["speedup"] <= gpus
+    assert f"| 4 | 4,000 | 4.00x" in capsys.readouterr().out
+
+    monkeypatch.setattr(bench, "gpu_names", lambda: ["NVIDIA H200"] * 4)
+    (tmp_path / "parts" / "tiny_fsdp2_4096" / "longest_row_4.json").unlink()
+    with pytest.raises(SystemExit, match="NVIDIA H100 80GB HBM3"):
+        bench.main()
