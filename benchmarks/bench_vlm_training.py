@@ -18,12 +18,15 @@ token ids) packed by `OmniCollator.from_config` until the row is full (the last 
 Qwen2.5-VL images have 16-32 x 16-32 merged patches (256-1024 tokens), Gemma3 images 256 tokens. The model's own
 image attention: causal for Qwen2.5-VL, bidirectional blocks for Gemma3 (``token_type_ids``).
 
-The vision tower (sdpa for every backend) runs once per row, outside the timed step, and the step trains the
-language model on the embeddings it hands over (captured at the language model's input): the towers are the same
-work under every backend and would otherwise dominate the step (a 16k row holds about 40 Gemma3 images of 896 px,
-or 23 Qwen2.5-VL images of 2300 patches on average). The timed
-step: forward, backward (activation checkpointing, non-reentrant) and AdamW of the language model and LM head,
-with each backend's mask made per step as a user gets it:
+By default the vision tower (sdpa for every backend) runs once per row, outside the timed step, and the step trains
+the language model on the embeddings it hands over (captured at the language model's input): the towers are the
+same work under every backend and would otherwise dominate the step (a 16k row holds about 40 Gemma3 images of
+896 px, or 23 Qwen2.5-VL images of 2300 patches on average). With ``--pixels`` the step starts from the pixels, as a
+user's does: the frozen tower runs forward in every step on the backend under test (``omni`` and the
+``no_attention`` baseline; ``sdpa`` for the sdpa and flex rows, as a Flex user keeps it: Transformers' flex path
+compiles per image shape), recorded per row as ``vision_attn``. The timed step: forward, backward (activation
+checkpointing, non-reentrant) and AdamW of the language model and LM head, with each backend's mask made per step
+as a user gets it:
 
 - ``omni``: the collator's ``omni_doc_ids`` / ``omni_group_ids``; the mask is built in the forward (on the GPU).
 - ``flex_attention`` (Transformers does not mark Qwen2.5-VL's text model flex-capable; its rows set the flag and say
@@ -224,16 +227,23 @@ def packed_row(config, length: int, seed: int, sizes: Sizes, dtype: torch.dtype)
 FLEX_UNMARKED = {"qwen2_5_vl": "Qwen2_5_VLTextModel"}
 
 
-def build_model(arch: str, attn: str, tiny: bool, seed: int, device: torch.device, dtype: torch.dtype):
+def vision_attention(attn: str, pixels: bool) -> str:
+    """The vision tower's attention in a row of ``attn``: the backend's own where the step runs the tower
+    (``pixels``) and the backend is omni or the baseline, else sdpa."""
+    return attn if pixels and attn in ("omni", BASELINE) else "sdpa"
+
+
+def build_model(arch: str, attn: str, tiny: bool, seed: int, device: torch.device, dtype: torch.dtype,
+                vision_attn: str = "sdpa"):
     """The arch with random weights from ``seed`` (the same for every backend), its language model on ``attn``
-    and its vision tower on sdpa; the vision tower and projector frozen; activation checkpointing on."""
+    and its vision tower on ``vision_attn``; the vision tower and projector frozen; activation checkpointing on."""
     config = ARCHS[arch](tiny)
     if attn == "flex_attention" and config.model_type in FLEX_UNMARKED:
         getattr(transformers, FLEX_UNMARKED[config.model_type])._supports_flex_attn = True
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForImageTextToText.from_config(
-            config, attn_implementation={"text_config": attn, "vision_config": "sdpa"}, dtype=dtype)
+            config, attn_implementation={"text_config": attn, "vision_config": vision_attn}, dtype=dtype)
     language = model.model.language_model
     for parameter in model.parameters():
         parameter.requires_grad_(False)
@@ -242,6 +252,10 @@ def build_model(arch: str, attn: str, tiny: bool, seed: int, device: torch.devic
     checkpointing = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     checkpointing({"use_reentrant": False})  # gradient_checkpointing_enable before its rename in Transformers 5.2x
     return model.train()
+
+
+# What the model takes of a collated row to start from its pixels.
+PIXEL_INPUTS = ("input_ids", "pixel_values", "image_grid_thw", "token_type_ids", "mm_token_type_ids", "position_ids")
 
 
 class _Captured(Exception):
@@ -258,10 +272,9 @@ def language_model_embeds(model, batch: dict) -> torch.Tensor:
         raise _Captured
 
     handle = model.model.language_model.register_forward_pre_hook(capture, with_kwargs=True)
-    keys = ("input_ids", "pixel_values", "image_grid_thw", "token_type_ids", "mm_token_type_ids", "position_ids")
     try:
         with torch.no_grad():
-            model(**{key: batch[key] for key in keys if key in batch}, use_cache=False)
+            model(**{key: batch[key] for key in PIXEL_INPUTS if key in batch}, use_cache=False)
     except _Captured:
         pass
     finally:
@@ -269,14 +282,18 @@ def language_model_embeds(model, batch: dict) -> torch.Tensor:
     return captured["embeds"]
 
 
-def step_inputs(model, batch: dict, attn: str, device: torch.device) -> Callable[[], dict]:
-    """A function making one step's model inputs on ``device`` (the flex masks built in it, per step)."""
+def step_inputs(model, batch: dict, attn: str, device: torch.device, pixels: bool = False) -> Callable[[], dict]:
+    """A function making one step's model inputs on ``device`` (the flex masks built in it, per step): the row's
+    pixels with ``pixels``, else the language model's input embeddings made once by the tower."""
     config = model.config
-    embeds = language_model_embeds(model, {key: value.to(device) for key, value in batch.items()})
-    common = {"inputs_embeds": embeds, "labels": batch["labels"].to(device), "use_cache": False,
-              "position_ids": batch["position_ids"].to(device)}
-    if config.model_type == "gemma3":
-        common["token_type_ids"] = batch["token_type_ids"].to(device)
+    if pixels:
+        common = {key: batch[key].to(device) for key in PIXEL_INPUTS if key in batch}
+    else:
+        common = {"inputs_embeds": language_model_embeds(model, {key: value.to(device) for key, value in batch.items()}),
+                  "position_ids": batch["position_ids"].to(device)}
+        if config.model_type == "gemma3":
+            common["token_type_ids"] = batch["token_type_ids"].to(device)
+    common |= {"labels": batch["labels"].to(device), "use_cache": False}
     doc, group = batch["omni_doc_ids"].to(device), batch["omni_group_ids"].to(device)
     if attn == "omni":
         return lambda: common | {"omni_doc_ids": doc, "omni_group_ids": group}
@@ -370,7 +387,8 @@ def failure(error: BaseException) -> dict:
 def speed(arch: str, length: int, attn: str, args, context: dict) -> dict:
     """tokens/s (median step) and peak memory of ``args.steps`` timed steps after ``args.warmup``; an OOM or an
     error is recorded as the case's status."""
-    record = {"part": "speed", "arch": arch, "length": length, "attn": attn}
+    record = {"part": "speed", "arch": arch, "length": length, "attn": attn, "pixels": args.pixels,
+              "vision_attn": vision_attention(attn, args.pixels)}
     if attn == "flex_attention" and ARCHS[arch](args.tiny).model_type in FLEX_UNMARKED:
         record["flex_forced"] = True
     try:
@@ -382,9 +400,10 @@ def speed(arch: str, length: int, attn: str, args, context: dict) -> dict:
 
 
 def _timed_steps(arch: str, length: int, attn: str, args, context: dict) -> dict:
-    model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"])
+    model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"],
+                        vision_attention(attn, args.pixels))
     batch, counts = packed_row(model.config, length, args.seed, context["sizes"], context["dtype"])
-    make_inputs = step_inputs(model, batch, attn, context["device"])
+    make_inputs = step_inputs(model, batch, attn, context["device"], args.pixels)
     optimizer = optimizer_for(model)
     for _ in range(args.warmup):
         train_step(model, optimizer, make_inputs(), args.loss_chunk)
@@ -443,7 +462,8 @@ def max_length(arch: str, attn: str, args, context: dict) -> dict:
 
 def curve(arch: str, length: int, args, context: dict) -> dict:
     """The losses of ``args.curve_steps`` steps of omni and of sdpa from the same weights on the same rows."""
-    record = {"part": "curve", "arch": arch, "length": length, "steps": args.curve_steps, "losses": {}}
+    record = {"part": "curve", "arch": arch, "length": length, "steps": args.curve_steps, "pixels": args.pixels,
+              "losses": {}}
     for attn in ("omni", "sdpa"):
         try:
             record["losses"][attn] = _losses(arch, length, attn, args, context)
@@ -459,12 +479,13 @@ def curve(arch: str, length: int, args, context: dict) -> dict:
 
 
 def _losses(arch: str, length: int, attn: str, args, context: dict) -> list[float]:
-    model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"])
+    model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"],
+                        vision_attention(attn, args.pixels))
     optimizer = optimizer_for(model)
     losses = []
     for step in range(args.curve_steps):
         batch, _ = packed_row(model.config, length, args.seed + 1 + step, context["sizes"], context["dtype"])
-        inputs = step_inputs(model, batch, attn, context["device"])()
+        inputs = step_inputs(model, batch, attn, context["device"], args.pixels)()
         losses.append(train_step(model, optimizer, inputs, args.loss_chunk))
     return losses
 
@@ -527,6 +548,7 @@ class Args:
     max_length_cap: int
     max_length_resolution: int
     loss_chunk: int
+    pixels: bool
     tiny: bool
     seed: int
     out: Path
@@ -549,6 +571,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--max-length-resolution", type=int, default=None, help="default 1024, tiny 128")
     parser.add_argument("--loss-chunk", type=int, default=0, help="positions per chunk of the LM head and loss "
                                                                     "(chunked_lm_loss; default 0: the model's own)")
+    parser.add_argument("--pixels", action="store_true", help="the step starts from the pixels: the frozen vision "
+                        "tower runs in it, on omni in omni's rows")
     parser.add_argument("--tiny", action="store_true", help="tiny configs and rows, on the CPU unless a GPU is there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
@@ -562,14 +586,14 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return Args(tuple(a.archs), tuple(default(a.lengths, [8192, 16384], [256, 512])), tuple(a.attn),
                 default(a.steps, 10, 2), default(a.warmup, 3, 1), default(a.curve_steps, 50, 3), a.find_max_length,
                 default(a.max_length_start, 8192, 256), default(a.max_length_cap, 262144, 1024),
-                default(a.max_length_resolution, 1024, 128), a.loss_chunk, tiny, a.seed, out)
+                default(a.max_length_resolution, 1024, 128), a.loss_chunk, a.pixels, tiny, a.seed, out)
 
 
 def result_name(args: Args) -> str:
-    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[_tiny].json`` (no lengths when only the longest row is
+    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[-pixels][_tiny].json`` (no lengths when only the longest row is
     searched): runs of separate parts never overwrite each other."""
     parts = [name for name, on in (("speed", args.steps), ("maxlen", args.find_max_length),
-                                   ("curve", args.curve_steps)) if on]
+                                   ("curve", args.curve_steps), ("pixels", args.pixels)) if on]
     lengths = [map(str, args.lengths)] if args.steps or args.curve_steps else []
     fields = [args.archs, *lengths, args.attn, parts]
     return "_".join(["vlm_training", *("-".join(field) for field in fields)]) + ("_tiny" if args.tiny else "") + ".json"

@@ -1,6 +1,7 @@
 """benchmarks/bench_vlm_training.py on the CPU: its search for the longest row, its packed rows, its flex masks
 against omni's, and a tiny run end to end (JSON, table, omni and sdpa giving the same loss curve)."""
 
+import collections
 import json
 import random
 import sys
@@ -9,11 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
 
 from benchmarks import bench_vlm_training as bench  # noqa: E402
+import omni_hf  # noqa: E402
 from omni_hf import OmniBlockMask  # noqa: E402
+from omni_hf.integrations.transformers.attention import omni_attention_forward  # noqa: E402
 
 
 @pytest.mark.parametrize("trial", range(4))
@@ -88,6 +92,35 @@ def test_tiny_run_writes_speed_longest_rows_and_equal_omni_and_sdpa_curves(tmp_p
     assert len(omni) == 2 and np.allclose(omni, sdpa, rtol=1e-5, atol=0), (omni, sdpa)  # float32: the same mask
     table = capsys.readouterr().out.split("qwen2.5-vl-3b 128: ", 1)[1]
     assert "omni/sdpa" in table and "longest row, omni: 128 (the cap)" in table and "curve, 2 steps" in table
+
+
+def test_tiny_run_from_pixels_runs_the_vision_tower_on_omni_and_gives_sdpas_losses(tmp_path):
+    """With --pixels every step runs the tower: omni's rows send its attention calls to omni (Qwen2.5-VL's tower
+    one per window and image, Gemma3's SigLIP one per layer), the others' to sdpa, and the two give the same losses
+    (float32, the same weights and rows)."""
+    calls = collections.Counter()
+
+    def counting(module, *args, **kwargs):
+        calls[type(module).__name__] += 1
+        return omni_attention_forward(module, *args, **kwargs)
+
+    transformers.AttentionInterface.register("omni", counting)
+    try:
+        result = bench.main(["--tiny", "--pixels", "--archs", "qwen2.5-vl-3b", "gemma3-4b-hd128", "--lengths", "128",
+                             "--attn", "omni", "sdpa", "no_attention", "--steps", "1", "--warmup", "0",
+                             "--curve-steps", "2", "--out", str(tmp_path)])
+    finally:
+        omni_hf.register()
+    assert (tmp_path / "vlm_training_qwen2.5-vl-3b-gemma3-4b-hd128_128_omni-sdpa-no_attention_speed-curve-pixels_tiny"
+            ".json").is_file()
+    speeds = [r for r in result["records"] if r["part"] == "speed"]
+    assert all(r["status"] == "ok" and r["pixels"] for r in speeds), speeds
+    assert {r["attn"]: r["vision_attn"] for r in speeds} == {"omni": "omni", "sdpa": "sdpa",
+                                                             "no_attention": "no_attention"}
+    assert calls["Qwen2_5_VLVisionAttention"] > 0 and calls["SiglipAttention"] > 0, calls
+    (curve,) = [r for r in result["records"] if r["part"] == "curve"]
+    omni, sdpa = curve["losses"]["omni"], curve["losses"]["sdpa"]
+    assert curve["pixels"] and len(omni) == 2 and np.allclose(omni, sdpa, rtol=1e-5, atol=0), (omni, sdpa)
 
 
 @pytest.mark.parametrize("arch", ["qwen2.5-vl-3b", "gemma3-4b-hd128"])
