@@ -1,15 +1,15 @@
 """Context parallelism on N GPUs against one: speed, capacity, attention imbalance and exactness, in one JSON per N,
 each measured figure beside the cost model's prediction.
 
-    python -m benchmarks.bench_context_parallel --gpus 2 4 --length 131072 [--model tinyllama-1.1b] [--engine fsdp2]
+    python -m benchmarks.bench_context_parallel --gpus 2 4 --length 98304 [--model tinyllama-1.1b] [--engine fsdp2]
                                                 [--parts speed capacity] [--concurrent] [--out DIR]
 
 Runs `examples/context_parallel.py` under torchrun: on one GPU, then on each of ``--gpus`` GPUs with ``--check``
 (each rank also runs its whole row in one process: loss and gradients), all at ``--length``. Then the longest row
 each trains (two steps, so that AdamW's state is there): the first try is the length that fills
 ``--memory-fraction`` of the GPU by the run's memory (weights, gradients and optimizer state, plus the peak's excess
-over them per token), then steps of ``--coarse`` tokens up while a row fits and down while it does not, then
-bisection down to ``--resolution`` tokens (each try its own launch, so running out of memory ends only that try; any
+over them per token), then steps up while a row fits and down while it does not (``--coarse`` tokens, doubling
+each time), then bisection down to ``--resolution`` tokens (each try its own launch, so running out of memory ends only that try; any
 other failure stops the benchmark). ``--concurrent`` runs the searches of several GPU counts at once on disjoint GPUs
 where they fit beside each other (a search times nothing).
 
