@@ -239,8 +239,9 @@ def driver_version() -> str:
         return "unknown"
 
 
-def report(count: int, speed: dict, found: dict, args: argparse.Namespace) -> dict:
-    """The JSON of ``count`` GPUs against one."""
+def report(count: int, speed: dict, found: dict, searched_on: dict | None, args: argparse.Namespace) -> dict:
+    """The JSON of ``count`` GPUs against one: ``speed`` and ``found`` (the longest-row searches) by GPU count,
+    ``searched_on`` the GPU of the searches (``{"gpu", "memory_gib"}``)."""
     one, many = speed[1], speed[count]
     result = {"gpus": count, "gpu": many["gpu"], "driver": driver_version(), "torch": many["torch"],
               "model": args.model, "engine": args.engine, "seq_len": args.length,
@@ -248,12 +249,12 @@ def report(count: int, speed: dict, found: dict, args: argparse.Namespace) -> di
               "imbalance": many["imbalance"], "loss_rel_diff": many["loss_rel_diff"],
               "grad_rel_diff": many["grad_rel_diff"], "grad_noise": many["grad_noise"],
               "tokens_per_s": {"1": one["tokens_per_s"], str(count): many["tokens_per_s"]},
-              "predicted": predictions(many, one, args, found.get("gpu", {}).get("memory_gib")),
+              "predicted": predictions(many, one, args, searched_on and searched_on["memory_gib"]),
               "runs": {"1": one, str(count): many},
               "command": "python -m benchmarks.bench_context_parallel " + " ".join(sys.argv[1:])}
     if 1 in found and count in found:
         single, several = found[1], found[count]
-        result["longest_row"] = {"1": single, str(count): several, "gpu": found["gpu"]["gpu"]}
+        result["longest_row"] = {"1": single, str(count): several, "gpu": searched_on["gpu"]}
         if single["longest"]:
             result["capacity_ratio"] = several["longest"] / single["longest"]
             # the true longest rows lie in [longest, shortest_failing): so does their ratio, within these bounds
@@ -305,10 +306,9 @@ def main() -> None:
                              f"has {gpu_names()[0]}: longest rows compare only on one kind of GPU")
     found = searches(counts, speed, args, parts) if "capacity" in args.parts else {
         count: parts.get(f"longest_row_{count}", None) for count in counts if parts.has(f"longest_row_{count}")}
-    if found:  # the searches' GPU, which may be another kind than the speed runs'
-        found["gpu"] = parts.get("capacity_gpu", None)
+    searched_on = parts.get("capacity_gpu", None) if found else None  # may be another kind than the speed runs'
 
-    results = [report(count, speed, found, args) for count in args.gpus]
+    results = [report(count, speed, found, searched_on, args) for count in args.gpus]
     for result in results:
         path = out / f"context_parallel_{result['gpus']}x{result['gpu'].split()[1].lower()}.json"
         path.write_text(json.dumps(result, indent=1) + "\n")
