@@ -221,8 +221,7 @@ def predictions(run: dict, one: dict, args: argparse.Namespace, memory_gib: floa
         step = predict_step(sizes, doc, grp, bounds if scheme != "hybrid" else run["gpus"], scheme, hardware)
         schemes[scheme] = {"speedup": alone / step.step_s,
                            "imbalance": float(step.attention_s.max() / step.attention_s.mean() - 1)}
-    static = max(one["per_rank"]["static_memory_gib"])
-    per_token = (max(one["per_rank"]["peak_memory_gib"]) - static) / one["seq_len"]
+    static = max(one["per_rank"]["static_memory_gib"])  # the activations' per-token share cancels in the ratio
     usable = args.memory_fraction * (memory_gib or one["memory_gib"])
     return {"schemes": schemes, "speedup": schemes["all_gather"]["speedup"],
             "imbalance": schemes["all_gather"]["imbalance"],
