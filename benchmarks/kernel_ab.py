@@ -1,7 +1,7 @@
 """A/B of builds of the CUDA library, omni alone: the kernel time of each case's forward or backward per library.
 
     python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] \
-        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs] [--rounds 3] [--json FILE]
+        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|towers] [--rounds 3] [--json FILE]
 
 Each library runs in a process of its own (two cannot register the same torch ops in one), named to it by
 ``OMNI_HF_CUDA_LIB``; within each round the libraries take turns, so drift of the host or the GPU falls on all of
@@ -38,8 +38,9 @@ MEDIAN_KEYS = ("kernel_us", "tflops", "eager_us")
 
 
 class Case(NamedTuple):
-    """One input: the suite's mask layout (`benchmarks.layouts.MASKS`) at ``seq_len``, q ``[batch, heads_q,
-    seq_len, head_dim]`` and k / v ``[batch, heads_kv, seq_len, head_dim]`` of ``dtype`` (a torch dtype name)."""
+    """One input: the suite's mask layout (`benchmarks.layouts.MASKS`, or "full": every pair) at ``seq_len``, q
+    ``[batch, heads_q, seq_len, head_dim]`` and k / v ``[batch, heads_kv, seq_len, head_dim]`` of ``dtype`` (a torch
+    dtype name)."""
 
     mask: str
     seq_len: int
@@ -79,6 +80,12 @@ CASE_SETS: dict[str, list[Case]] = {
               Case("causal", 1536, 1, 8, 8, 64, "float16"), Case("causal", 3072, 1, 4, 4, 64, "float16"),
               Case("causal", 2048, 2, 4, 4, 64, "float16"), Case("causal", 1024, 2, 8, 8, 64, "float16"),
               Case("causal", 2048, 1, 16, 8, 64, "float16"), Case("vlm", 1024, 2, 8, 8, 64, "float16")],
+    # Vision towers' calls: every image bidirectional and alone (the implicit full mask), one per batch row, at the
+    # kernel head dim their towers run on (SigLIP's 72 and Qwen's 80 zero-extended to 128; CLIP-L's 64): Gemma 3's
+    # 896 px images (4096 patches), SigLIP at 384 px (729) and CLIP-L at 336 px (577), and one long bidirectional row.
+    "towers": [Case("full", 4096, 16, 16, 16, 128, "bfloat16"), Case("full", 729, 64, 16, 16, 128, "bfloat16"),
+               Case("full", 577, 64, 16, 16, 64, "bfloat16"), Case("full", 2304, 4, 16, 16, 128, "bfloat16"),
+               Case("full", 16384, 1, 32, 8, 128, "bfloat16")],
 }
 
 
@@ -124,10 +131,13 @@ def measure_case(case: Case, which: str) -> dict:
     import torch
 
     from benchmarks import layouts, measure
-    from omni_hf import omni_attention
+    from omni_hf import OmniBlockMask, omni_attention
 
-    layout = layouts.build(case.mask, case.seq_len)
-    mask = layout.omni_mask(128, "cuda")
+    if case.mask == "full":
+        mask, allowed_pairs = OmniBlockMask.full(case.seq_len), case.seq_len ** 2
+    else:
+        layout = layouts.build(case.mask, case.seq_len)
+        mask, allowed_pairs = layout.omni_mask(128, "cuda"), layout.allowed_pairs()
     gen = torch.Generator("cuda").manual_seed(case.seq_len)
     dtype = getattr(torch, case.dtype)
     q, k, v = (torch.randn(case.batch, heads, case.seq_len, case.head_dim, device="cuda", dtype=dtype, generator=gen)
@@ -153,7 +163,7 @@ def measure_case(case: Case, which: str) -> dict:
             outputs = [step() for _ in range(GRAPH_CALLS)][-1]
         kernel_us = measure.median_ms(graph.replay) * 1e3 / GRAPH_CALLS
         sums = [float(t.double().abs().sum()) for t in outputs]
-    flop = (2.5 if which == "bwd" else 1.0) * 4 * case.batch * case.heads_q * case.head_dim * layout.allowed_pairs()
+    flop = (2.5 if which == "bwd" else 1.0) * 4 * case.batch * case.heads_q * case.head_dim * allowed_pairs
     return {"case": case.label, "kernel_us": kernel_us, "tflops": flop / kernel_us / 1e6, "eager_us": eager_us,
             "sums": sums}
 

@@ -195,6 +195,21 @@ def test_concurrent_calls_on_two_streams_each_get_every_work_item():
             assert torch.equal(out, want_out) and torch.equal(lse, want_lse), "a concurrent call differs"
 
 
+@pytest.mark.parametrize("mask_kind", ("token_rule", "causal", "full"))
+def test_wide_calls_run_in_l2_sections_and_every_item_is_computed(mask_kind):
+    """A persistent forward over more (batch, head) pairs than one section's keys fit in L2 (3 x 12 heads of 4100
+    keys at head dim 128: 15 KV heads of 2.1 MB per 32 MB section, so sections of 30 and 6 pairs) works through
+    the sections in turn, the last one short; every item lands once."""
+    batch, heads_q, heads_kv, length = 3, 12, 6, 4100
+    if mask_kind == "token_rule":
+        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(batch, length, seed=5, device="cuda"))
+    else:
+        mask = getattr(OmniBlockMask, mask_kind)(length, length)
+    ref_mask = torch.ones(length, length, dtype=torch.bool, device="cuda") if mask_kind == "full" else None
+    q, k, v = _qkv(batch, heads_q, heads_kv, length, length, 128, torch.bfloat16, seed=len(mask_kind), bshd=True)
+    assert_matches_reference(q, k, v, mask, ref_mask=ref_mask)
+
+
 def test_kv_cache_slice_with_padded_stride():
     cache = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, generator=_gen(7))
     k, v = cache[:, :1, :2500], cache[:, 1:, :2500]

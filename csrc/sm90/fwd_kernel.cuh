@@ -45,7 +45,8 @@ struct FwdParams {
   OmniFwdParams p;
   TmaQ tma_q;
   TmaKV tma_k, tma_v;
-  int fold;  // FwdTileScheduler's launch order: the linear CTA index from which ranks run backwards (0: never)
+  int fold;     // FwdTileScheduler's launch order: the linear CTA index from which ranks run backwards (0: never)
+  int section;  // FwdTileScheduler's (batch, head) pairs per L2 section (fwd_l2_section)
 };
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   extern __shared__ __align__(1024) char smem[];
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const OmniFwdParams& p = params.p;
-  const FwdTileScheduler<Traits::kBlockM, Traits::kPersistent> scheduler(p, params.fold);
+  const FwdTileScheduler<Traits::kBlockM, Traits::kPersistent> scheduler(p, params.fold, params.section);
 
   if (threadIdx.x == 0) {
     Barrier::init(&s.q_full, kFullArrivals);

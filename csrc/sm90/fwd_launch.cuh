@@ -25,7 +25,8 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
       make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
       make_tma_load<Element, kHeadDim>(p.k, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{})),
-      pairs ? sms : 0};
+      pairs ? sms : 0,
+      fwd_l2_section(p, sizeof(Element), ctas <= int64_t(sms) * Traits::kCtasPerSm)};
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;

@@ -27,18 +27,20 @@ inline int64_t cta_count(const dim3& grid) { return int64_t(grid.x) * grid.y * g
 // Bytes of workspace a persistent forward needs: its work counter (zeroed by the launch).
 constexpr size_t kPersistentWorkspaceBytes = 16;
 
-// Work items are named by their rank r in (heads x tiles x batch): later query tiles first (under causal masks they
-// see more keys), the tile slowest so every batch row's long tiles lead. Without a persistent grid the r-th CTA in
-// launch order takes rank r, except that with two CTAs per SM all resident at once the CTAs from `fold` (the SM
-// count; 0: never) on run the ranks backwards, so the SM that took the k-th longest tile gets the k-th shortest
-// beside it rather than the next long one. A persistent grid (one CTA per SM) takes ranks from the work counter in
-// the order CTAs ask for them. FlashAttention-3's four calls; the producer warp asks, and publishes each rank to the
-// consumers with its Q.
+// Work items are named by their rank r in (heads x tiles x batch), in sections: each section is `section`
+// consecutive (batch, head) pairs, chosen by fwd_l2_section so that their keys and values stay in L2 together while
+// its CTAs run; within a section later query tiles come first (under causal masks they see more keys), the tile
+// slowest so every head's long tiles lead. Without a persistent grid the r-th CTA in launch order takes rank r,
+// except that with two CTAs per SM all resident at once the CTAs from `fold` (the SM count; 0: never) on run the
+// ranks backwards, so the SM that took the k-th longest tile gets the k-th shortest beside it rather than the next
+// long one. A persistent grid (one CTA per SM) takes ranks from the work counter in the order CTAs ask for them.
+// FlashAttention-3's four calls; the producer warp asks, and publishes each rank to the consumers with its Q.
 template <int kBlockM, bool kPersistent>
 class FwdTileScheduler {
  public:
-  __device__ FwdTileScheduler(const OmniFwdParams& p, int fold)
-      : p_(p), tiles_((p.q_len + kBlockM - 1) / kBlockM), total_(int64_t(p.heads_q) * tiles_ * p.batch), fold_(fold) {}
+  __device__ FwdTileScheduler(const OmniFwdParams& p, int fold, int section)
+      : p_(p), tiles_((p.q_len + kBlockM - 1) / kBlockM), total_(int64_t(p.heads_q) * tiles_ * p.batch), fold_(fold),
+        section_(section) {}
 
   // The CTA's first rank.
   __forceinline__ __device__ int64_t get_initial_work() const { return kPersistent ? blockIdx.x : launch_rank(); }
@@ -61,8 +63,12 @@ class FwdTileScheduler {
 
   // The work item of a valid rank.
   __forceinline__ __device__ CtaWork get_block_coord(int64_t rank) const {
-    const int64_t heads_batches = int64_t(p_.heads_q) * p_.batch;
-    return {int(rank % p_.heads_q), int(tiles_ - 1 - rank / heads_batches), int(rank % heads_batches / p_.heads_q)};
+    const int64_t first = rank / (int64_t(section_) * tiles_) * section_;  // the section's first (batch, head) pair
+    const int64_t left = int64_t(p_.heads_q) * p_.batch - first;
+    const int64_t width = left < section_ ? left : section_;  // the last section may be short
+    const int64_t within = rank - first * tiles_;
+    const int64_t pair = first + within % width;  // batch * heads_q + head
+    return {int(pair % p_.heads_q), int(tiles_ - 1 - within / width), int(pair / p_.heads_q)};
   }
 
  private:
@@ -76,6 +82,20 @@ class FwdTileScheduler {
   int tiles_;
   int64_t total_;
   int fold_;
+  int section_;
 };
+
+// (batch, head) pairs per section of FwdTileScheduler: as many KV heads as fit in `l2_bytes` together (their keys
+// and values, kv_len x head dim each), times the query heads that share a KV head; every pair when the call's CTAs
+// are all resident at once (`resident`: true), so the order is the plain longest-first one. FlashAttention-3 budgets
+// 32 MB of the H100's 50 MB L2 in the same way. Without sections, 132 persistent CTAs working on 132 different
+// heads of a wide call (a vision tower's 39 images x 16 heads) read every key from DRAM.
+inline int fwd_l2_section(const OmniFwdParams& p, int element_bytes, bool resident, int64_t l2_bytes = 32 << 20) {
+  const int64_t pairs = int64_t(p.heads_q) * p.batch;
+  const int64_t kv_head_bytes = 2 * int64_t(p.kv_len) * p.head_dim * element_bytes;
+  const int64_t kv_heads = kv_head_bytes > 0 ? l2_bytes / kv_head_bytes : pairs;
+  const int64_t section = (kv_heads > 1 ? kv_heads : 1) * (p.heads_q / p.heads_kv);
+  return int(resident || section > pairs ? pairs : section);
+}
 
 }  // namespace omni::sm90
