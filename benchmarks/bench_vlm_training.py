@@ -24,7 +24,8 @@ same work under every backend and would otherwise dominate the step (a 16k row h
 896 px, or 23 Qwen2.5-VL images of 2300 patches on average). With ``--pixels`` the step starts from the pixels, as a
 user's does: the frozen tower runs forward in every step on the backend under test (``omni`` and the
 ``no_attention`` baseline; ``sdpa`` for the sdpa and flex rows, as a Flex user keeps it: Transformers' flex path
-compiles per image shape), recorded per row as ``vision_attn``. The timed step: forward, backward (activation
+compiles per image shape; ``--vision-attn sdpa`` puts every row's tower on sdpa), recorded per row as
+``vision_attn``. The timed step: forward, backward (activation
 checkpointing, non-reentrant) and AdamW of the language model and LM head, with each backend's mask made per step
 as a user gets it:
 
@@ -227,10 +228,11 @@ def packed_row(config, length: int, seed: int, sizes: Sizes, dtype: torch.dtype)
 FLEX_UNMARKED = {"qwen2_5_vl": "Qwen2_5_VLTextModel"}
 
 
-def vision_attention(attn: str, pixels: bool) -> str:
+def vision_attention(attn: str, args) -> str:
     """The vision tower's attention in a row of ``attn``: the backend's own where the step runs the tower
-    (``pixels``) and the backend is omni or the baseline, else sdpa."""
-    return attn if pixels and attn in ("omni", BASELINE) else "sdpa"
+    (``args.pixels``), the backend is omni or the baseline and ``args.vision_attn`` is ``"backend"``, else sdpa."""
+    own = args.pixels and args.vision_attn == "backend" and attn in ("omni", BASELINE)
+    return attn if own else "sdpa"
 
 
 def build_model(arch: str, attn: str, tiny: bool, seed: int, device: torch.device, dtype: torch.dtype,
@@ -251,6 +253,10 @@ def build_model(arch: str, attn: str, tiny: bool, seed: int, device: torch.devic
         parameter.requires_grad_(True)
     checkpointing = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     checkpointing({"use_reentrant": False})  # gradient_checkpointing_enable before its rename in Transformers 5.2x
+    # Enabling checkpointing hooks every input embedding (the frozen vision tower's patch embedding too) to make its
+    # output require grad, as reentrant checkpoints and adapters need: the frozen tower would then run its backward
+    # in every step. Non-reentrant checkpoints need no such hook.
+    model.disable_input_require_grads()
     return model.train()
 
 
@@ -388,7 +394,7 @@ def speed(arch: str, length: int, attn: str, args, context: dict) -> dict:
     """tokens/s (median step) and peak memory of ``args.steps`` timed steps after ``args.warmup``; an OOM or an
     error is recorded as the case's status."""
     record = {"part": "speed", "arch": arch, "length": length, "attn": attn, "pixels": args.pixels,
-              "vision_attn": vision_attention(attn, args.pixels)}
+              "vision_attn": vision_attention(attn, args)}
     if attn == "flex_attention" and ARCHS[arch](args.tiny).model_type in FLEX_UNMARKED:
         record["flex_forced"] = True
     try:
@@ -401,7 +407,7 @@ def speed(arch: str, length: int, attn: str, args, context: dict) -> dict:
 
 def _timed_steps(arch: str, length: int, attn: str, args, context: dict) -> dict:
     model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"],
-                        vision_attention(attn, args.pixels))
+                        vision_attention(attn, args))
     batch, counts = packed_row(model.config, length, args.seed, context["sizes"], context["dtype"])
     make_inputs = step_inputs(model, batch, attn, context["device"], args.pixels)
     optimizer = optimizer_for(model)
@@ -480,7 +486,7 @@ def curve(arch: str, length: int, args, context: dict) -> dict:
 
 def _losses(arch: str, length: int, attn: str, args, context: dict) -> list[float]:
     model = build_model(arch, attn, args.tiny, args.seed, context["device"], context["dtype"],
-                        vision_attention(attn, args.pixels))
+                        vision_attention(attn, args))
     optimizer = optimizer_for(model)
     losses = []
     for step in range(args.curve_steps):
@@ -549,6 +555,7 @@ class Args:
     max_length_resolution: int
     loss_chunk: int
     pixels: bool
+    vision_attn: str
     tiny: bool
     seed: int
     out: Path
@@ -573,6 +580,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
                                                                     "(chunked_lm_loss; default 0: the model's own)")
     parser.add_argument("--pixels", action="store_true", help="the step starts from the pixels: the frozen vision "
                         "tower runs in it, on omni in omni's rows")
+    parser.add_argument("--vision-attn", choices=["backend", "sdpa"], default="backend",
+                        help="with --pixels: the tower on the row's backend (omni, the baseline) or on sdpa in every row")
     parser.add_argument("--tiny", action="store_true", help="tiny configs and rows, on the CPU unless a GPU is there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
@@ -586,14 +595,15 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return Args(tuple(a.archs), tuple(default(a.lengths, [8192, 16384], [256, 512])), tuple(a.attn),
                 default(a.steps, 10, 2), default(a.warmup, 3, 1), default(a.curve_steps, 50, 3), a.find_max_length,
                 default(a.max_length_start, 8192, 256), default(a.max_length_cap, 262144, 1024),
-                default(a.max_length_resolution, 1024, 128), a.loss_chunk, a.pixels, tiny, a.seed, out)
+                default(a.max_length_resolution, 1024, 128), a.loss_chunk, a.pixels, a.vision_attn, tiny, a.seed, out)
 
 
 def result_name(args: Args) -> str:
     """``vlm_training_<archs>_<lengths>_<backends>_<parts>[-pixels][_tiny].json`` (no lengths when only the longest row is
     searched): runs of separate parts never overwrite each other."""
     parts = [name for name, on in (("speed", args.steps), ("maxlen", args.find_max_length),
-                                   ("curve", args.curve_steps), ("pixels", args.pixels)) if on]
+                                   ("curve", args.curve_steps), ("pixels", args.pixels),
+                                   ("sdpa-tower", args.pixels and args.vision_attn == "sdpa")) if on]
     lengths = [map(str, args.lengths)] if args.steps or args.curve_steps else []
     fields = [args.archs, *lengths, args.attn, parts]
     return "_".join(["vlm_training", *("-".join(field) for field in fields)]) + ("_tiny" if args.tiny else "") + ".json"

@@ -124,6 +124,26 @@ def test_tiny_run_from_pixels_runs_the_vision_tower_on_omni_and_gives_sdpas_loss
 
 
 @pytest.mark.parametrize("arch", ["qwen2.5-vl-3b", "gemma3-4b-hd128"])
+def test_a_step_from_pixels_trains_the_language_model_and_never_runs_the_frozen_towers_backward(arch):
+    """Checkpointing makes input embeddings' outputs require grad; the benchmark's models undo that, so the frozen
+    tower's features carry no graph while the language model's parameters all get gradients."""
+    model = bench.build_model(arch, "sdpa", tiny=True, seed=random.randrange(1000), device=torch.device("cpu"),
+                              dtype=torch.float32, vision_attn="sdpa")
+    batch, _ = bench.packed_row(model.config, 128, random.randrange(1000), bench.TINY, torch.float32)
+    tower_outputs = []
+    hook = model.model.visual if hasattr(model.model, "visual") else model.model.vision_tower
+    handle = hook.register_forward_hook(lambda module, args, output: tower_outputs.append(output))
+    inputs = bench.step_inputs(model, batch, "sdpa", torch.device("cpu"), pixels=True)()
+    model(**inputs).loss.backward()
+    handle.remove()
+    features = [t for out in tower_outputs for t in (out if isinstance(out, tuple) else out.values())
+                if isinstance(t, torch.Tensor)]
+    assert features and not any(t.requires_grad for t in features)
+    language = [*model.model.language_model.parameters(), *model.lm_head.parameters()]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in language if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", ["qwen2.5-vl-3b", "gemma3-4b-hd128"])
 def test_chunked_lm_loss_equals_the_models_own_loss_and_gradients(arch):
     """Chunks that do not divide the row."""
     seed = random.randrange(1000)
