@@ -18,6 +18,7 @@ from benchmarks import bench_vlm_training as bench  # noqa: E402
 import omni_hf  # noqa: E402
 from omni_hf import OmniBlockMask  # noqa: E402
 from omni_hf.integrations.transformers.attention import omni_attention_forward  # noqa: E402
+from omni_hf.integrations.transformers.packed_towers import PACKED  # noqa: E402
 
 
 @pytest.mark.parametrize("trial", range(4))
@@ -95,8 +96,8 @@ def test_tiny_run_writes_speed_longest_rows_and_equal_omni_and_sdpa_curves(tmp_p
 
 
 def test_tiny_run_from_pixels_runs_the_vision_tower_on_omni_and_gives_sdpas_losses(tmp_path):
-    """With --pixels every step runs the tower: omni's rows send its attention calls to omni (Qwen2.5-VL's tower
-    one per window and image, Gemma3's SigLIP one per layer), the others' to sdpa, and the two give the same losses
+    """With --pixels every step runs the tower: omni's rows send its attention calls to omni (one per layer, Qwen2.5-VL's
+    packed), the others' to sdpa, and the two give the same losses
     (float32, the same weights and rows)."""
     calls = collections.Counter()
 
@@ -104,7 +105,8 @@ def test_tiny_run_from_pixels_runs_the_vision_tower_on_omni_and_gives_sdpas_loss
         calls[type(module).__name__] += 1
         return omni_attention_forward(module, *args, **kwargs)
 
-    transformers.AttentionInterface.register("omni", counting)
+    for name in ("omni", PACKED):
+        transformers.AttentionInterface.register(name, counting)
     try:
         result = bench.main(["--tiny", "--pixels", "--archs", "qwen2.5-vl-3b", "gemma3-4b-hd128", "--lengths", "128",
                              "--attn", "omni", "sdpa", "no_attention", "--steps", "1", "--warmup", "0",

@@ -60,6 +60,7 @@ from transformers import (
 
 import omni_hf
 from omni_hf.integrations.transformers import omni_attention_forward
+from omni_hf.integrations.transformers.packed_towers import PACKED
 from test_transformers_integration import assert_close_to_reference, models, padding
 
 CPU = torch.device("cpu")
@@ -96,7 +97,8 @@ def omni_calls():
         calls[type(module).__name__] += 1
         return omni_attention_forward(module, *args, **kwargs)
 
-    AttentionInterface.register("omni", counting)
+    for name in ("omni", PACKED):  # PACKED: a packed vision tower's calls (packed_towers)
+        AttentionInterface.register(name, counting)
     try:
         yield calls
     finally:
@@ -345,11 +347,11 @@ def qwen_image_batch(seed: int) -> dict:
 
 def test_qwen2_vl_images_of_different_sizes_in_one_batch_match_eager():
     """Three images of 4x4, 2x6 and 6x4 patches (4, 3 and 6 tokens after merging), two in row 0, one in
-    left-padded row 1. The vision tower packs them by cu_seqlens; for a non-flash implementation Transformers
-    splits them there and attends one image per call."""
+    left-padded row 1. The vision tower packs them by cu_seqlens, and under omni each of its two layers attends
+    them in one call, each image alone (Transformers would split them into a call per image)."""
     inputs = qwen_image_batch(seed=8)
     assert_omni_matches(from_config(Qwen2VLForConditionalGeneration, qwen2_vl_config()), inputs,
-                        logits_at(inputs["attention_mask"].bool()), {"VisionAttention": 2 * 3, "Qwen2VLAttention": 2})
+                        logits_at(inputs["attention_mask"].bool()), {"VisionAttention": 2, "Qwen2VLAttention": 2})
 
 
 def qwen2_5_vl_config():
@@ -364,12 +366,11 @@ def qwen2_5_vl_config():
 def test_qwen2_5_vl_vision_windows_and_full_layers_run_through_omni_like_sdpa():
     """The same three images as above through Qwen2.5-VL, vision tower included: its windowed layer attends each
     window alone (4 x 4 patches: one window; 2 x 6: two; 6 x 4: two), its full layer each image alone, all
-    bidirectional, at head dim 80 (zero-extended to a kernel's on a GPU)."""
+    bidirectional, each layer in one packed call, at head dim 80 (zero-extended to a kernel's on a GPU)."""
     inputs = qwen_image_batch(seed=18)
-    windows, images = 1 + 2 + 2, 3
     assert_omni_matches(from_config(Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_config()), inputs,
                         logits_at(inputs["attention_mask"].bool()),
-                        {"Qwen2_5_VLVisionAttention": windows + images, "Qwen2_5_VLAttention": 2}, reference="sdpa")
+                        {"Qwen2_5_VLVisionAttention": 2, "Qwen2_5_VLAttention": 2}, reference="sdpa")
 
 
 def llava_config():

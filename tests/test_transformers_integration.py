@@ -19,16 +19,21 @@ from transformers import (
     Gemma3Config,
     Gemma3TextConfig,
     LlamaConfig,
+    Qwen2_5_VLVisionConfig,
     Qwen2Config,
+    Qwen2VLVisionConfig,
     SiglipVisionConfig,
 )
 from transformers import masking_utils as hf_masks
 from transformers.cache_utils import DynamicCache, StaticCache
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 import omni_hf
 from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
+from omni_hf.integrations.transformers.packed_towers import PACKED
 
 VOCAB, SEQ = 100, 24
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -277,6 +282,45 @@ def test_vision_tower_attends_bidirectionally_like_eager(device):
     changed[:, :, -4:, -4:] += 1
     first_patch = omni(pixel_values=changed.to(omni.dtype)).last_hidden_state[:, 0].float()
     assert not torch.allclose(first_patch, outputs[0][:, 0], atol=1e-3)
+
+
+def qwen_vision_config(model_type: str):
+    """A tiny Qwen2-VL / Qwen2.5-VL vision tower: patches of 4 px, windows of 2 x 2 merged patches (Qwen2.5-VL,
+    whose second layer attends whole images)."""
+    common = dict(depth=2, num_heads=2, patch_size=4, spatial_merge_size=2, temporal_patch_size=2, hidden_act="silu")
+    if model_type == "qwen2_5_vl":
+        return Qwen2_5_VLVisionConfig(hidden_size=32, intermediate_size=64, out_hidden_size=32, window_size=16,
+                                      fullatt_block_indexes=[1], **common)
+    return Qwen2VLVisionConfig(embed_dim=32, hidden_size=32, mlp_ratio=2, **common)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen2_vl"])
+def test_packed_vision_tower_makes_one_call_per_layer_with_each_image_alone(model_type, device):
+    """Qwen's towers pack their images; under omni each layer makes one call with the images' (or windows')
+    bounds, and the tower matches eager's, which attends each image or window in a call of its own."""
+    config = qwen_vision_config(model_type)
+    tower = (Qwen2_5_VisionTransformerPretrainedModel if model_type == "qwen2_5_vl"
+             else Qwen2VisionTransformerPretrainedModel)._from_config
+    omni, ref, lowp = models(lambda attn: tower(copy.deepcopy(config), attn_implementation=attn), device)
+    grid_thw = torch.tensor([[1, 8, 12], [1, 4, 4], [1, 6, 2]], device=device)  # 96 + 16 + 12 patches
+    patches = torch.randn(124, 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(5)).to(device)
+    calls = []
+
+    def counting(module, query, *args, **kwargs):
+        calls.append((query.shape[2], kwargs.get("cu_seq_lens_k") is not None))
+        return omni_attention_forward(module, query, *args, **kwargs)
+
+    for name in ("omni", PACKED):
+        AttentionInterface.register(name, counting)
+    try:
+        out = omni(patches.to(omni.dtype), grid_thw=grid_thw).last_hidden_state.float()
+    finally:
+        omni_hf.register()
+    outputs = [None if m is None else m(patches.to(m.dtype), grid_thw=grid_thw).last_hidden_state.float()
+               for m in (ref, lowp)]
+    assert_close_to_reference(out, *outputs, what="last_hidden_state")
+    assert calls == [(124, True)] * 2, calls
+    assert omni.config._attn_implementation == "omni"  # the packed name lives only inside the attention's forward
 
 
 # ---------------------------------------------------------------------- packing and interleaved masks

@@ -21,9 +21,10 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
    blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)
    adds document starts. Anything else is evaluated tile by tile (`OmniBlockMask.from_mask_fn`: exact, but
    it syncs and breaks a compiled graph);
-4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit. Such an encoder
-   call runs bidirectional even when 1. or 2. are given: they describe the language model's tokens (Qwen2-VL
-   hands its vision tower the forward's kwargs).
+4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit; a packed vision
+   tower's call (``cu_seq_lens_k``, `packed_towers`) attends each image or window alone, by the token rule. Such an
+   encoder call runs bidirectional even when 1. or 2. are given: they describe the language model's tokens
+   (Qwen2-VL hands its vision tower the forward's kwargs).
 
 Positions are bottom-right aligned (query ``i`` at ``i + kv_len - q_len``). Static caches hand over their whole
 buffer, so their keys are rotated to end at the last filled slot, and unfilled slots are masked. Under the token
@@ -44,7 +45,7 @@ from ...mask import OmniBlockMask
 from ...mask.validation import check_ids_from_minus_one, describe_value
 from ...ops import omni_attention
 from .model_support import UNSUPPORTED_FEATURES
-from .spec import OmniMaskSpec, block_mask_from_spec
+from .spec import OmniMaskSpec, block_mask_from_spec, cu_segments
 
 __all__ = ["omni_attention_forward"]
 
@@ -102,9 +103,12 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     """The layer's block mask and, for a static cache, the key order it assumes (see the module docstring)."""
     q_len, kv_len, device = query.shape[2], key.shape[2], query.device
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
-        return OmniBlockMask.full(q_len, kv_len), None
     batch = query.shape[0]
+    if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
+        if (bounds := kwargs.get("cu_seq_lens_k")) is not None:  # a packed tower: each image or window alone
+            doc = cu_segments(bounds, batch, q_len, kv_len, device)
+            return OmniBlockMask.from_token_ids(doc, torch.zeros_like(doc)), None
+        return OmniBlockMask.full(q_len, kv_len), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
         _check_block_mask_kwarg(block_mask, batch, q_len, kv_len)
         return _once(mask, ("block", device), lambda: (block_mask.to(device, non_blocking=True), None))

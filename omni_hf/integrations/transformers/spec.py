@@ -94,7 +94,8 @@ def omni_mask(
 
 def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """The spec's block mask (token rule where its function is recognised, else tile by tile) and key order."""
-    segments = None if cu_seq_lens_k is None else _cu_segments(cu_seq_lens_k, spec, device)
+    segments = None if cu_seq_lens_k is None else cu_segments(cu_seq_lens_k, spec.batch_size, spec.q_len,
+                                                                spec.kv_len, device)
     if segments is None and (implicit := _implicit_mask(spec)) is not None:
         return implicit, None
     rule = token_rule_parts(spec, device)
@@ -149,13 +150,13 @@ def _key_order(spec: OmniMaskSpec, device) -> torch.Tensor | None:
     return (torch.arange(spec.kv_len, device=device) + filled) % spec.kv_len
 
 
-def _cu_segments(cu_seq_lens_k: torch.Tensor, spec: OmniMaskSpec, device) -> torch.Tensor:
+def cu_segments(cu_seq_lens_k: torch.Tensor, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
     """The packed sequence of each key from ``cu_seq_lens_k``, -1 past the last one: int ``[1, kv_len]``."""
-    if spec.batch_size != 1 or spec.q_len != spec.kv_len:
-        raise ValueError(f"cu_seq_lens_k: expected a flattened batch of one row and no cache, got batch "
-                         f"{spec.batch_size}, q_len {spec.q_len}, kv_len {spec.kv_len}")
+    if batch != 1 or q_len != kv_len:
+        raise ValueError(f"cu_seq_lens_k: expected a flattened batch of one row and no cache, got batch {batch}, "
+                         f"q_len {q_len}, kv_len {kv_len}")
     bounds = cu_seq_lens_k.to(device)
-    position = torch.arange(spec.kv_len, device=device, dtype=bounds.dtype)
+    position = torch.arange(kv_len, device=device, dtype=bounds.dtype)
     return torch.where(position < bounds[-1], torch.searchsorted(bounds, position, right=True) - 1, -1)[None]
 
 

@@ -1,0 +1,79 @@
+"""Packed vision towers under "omni": one attention call per layer, not one per image or window.
+
+Vision towers that pack their images into one sequence (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and others) hand the
+images' boundaries, ``cu_seqlens``, only to attention implementations whose name contains "flash"; any other gets one
+call per image or window (25,404 calls per 16k-token row of Qwen2.5-VL-3B), each paying a call's host cost.
+
+`pack_vision_towers_on_build` makes Transformers, when it builds a model with "omni", wrap the forward of every such
+attention class of the model's modeling module: under "omni" the module's own forward runs with its config naming
+`PACKED` (registered to omni's attention function, and containing "flash"), so the module takes its packed branch
+and omni gets one call with ``cu_seq_lens_q`` / ``cu_seq_lens_k``, which it attends as one bidirectional block per
+image or window. Outside that forward the config names "omni", so saving, reloading and every other layer see only
+"omni". A class whose code picks its branch some other way keeps its calls per image, which omni runs as well.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+import torch
+from transformers import PreTrainedModel
+
+__all__ = ["PACKED", "pack_vision_towers", "pack_vision_towers_on_build", "packs_by_name"]
+
+PACKED = "omni_flash_packed"
+
+
+def pack_vision_towers_on_build() -> None:
+    """When Transformers settles on "omni" for a model, `pack_vision_towers` its modeling module (idempotent)."""
+    original = PreTrainedModel.get_correct_attn_implementation
+    if getattr(original, "packs_vision_towers", False):
+        return
+
+    @functools.wraps(original)
+    def get_correct_attn_implementation(self, requested_attention, is_init_check=False):
+        chosen = original(self, requested_attention, is_init_check)
+        if chosen == "omni":
+            pack_vision_towers(type(self).__module__)
+        return chosen
+
+    get_correct_attn_implementation.packs_vision_towers = True
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+def pack_vision_towers(module_name: str) -> None:
+    """Wrap the forward of every attention class defined in the module ``module_name`` that `packs_by_name`
+    (idempotent)."""
+    module = sys.modules.get(module_name)
+    for cls in list(vars(module).values()) if module is not None else ():
+        if (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == module_name
+                and "forward" in vars(cls) and not getattr(cls.forward, "omni_packed", False) and packs_by_name(cls)):
+            cls.forward = _packed(cls.forward)
+
+
+def packs_by_name(cls: type) -> bool:
+    """Whether ``cls.forward`` hands ``cu_seqlens`` to the attention function when its config's implementation is a
+    flash one (read from its code: a branch on "flash" that passes ``cu_seq_lens_q=cu_seqlens``)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):  # no source to read
+        return False
+    return "cu_seq_lens_q=cu_seqlens" in source and "flash" in source
+
+
+def _packed(forward):
+    @functools.wraps(forward)
+    def packed(self, *args, **kwargs):
+        config = self.config
+        if config._attn_implementation != "omni":
+            return forward(self, *args, **kwargs)
+        config._attn_implementation = PACKED
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            config._attn_implementation = "omni"
+
+    packed.omni_packed = True
+    return packed
