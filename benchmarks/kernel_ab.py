@@ -1,7 +1,7 @@
 """A/B of builds of the CUDA library, omni alone: the kernel time of each case's forward or backward per library.
 
     python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] \
-        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|towers] [--rounds 3] [--json FILE]
+        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|towers] [--rounds 3] [--json FILE]
 
 Each library runs in a process of its own (two cannot register the same torch ops in one), named to it by
 ``OMNI_HF_CUDA_LIB``; within each round the libraries take turns, so drift of the host or the GPU falls on all of
@@ -80,6 +80,9 @@ CASE_SETS: dict[str, list[Case]] = {
               Case("causal", 1536, 1, 8, 8, 64, "float16"), Case("causal", 3072, 1, 4, 4, 64, "float16"),
               Case("causal", 2048, 2, 4, 4, 64, "float16"), Case("causal", 1024, 2, 8, 8, 64, "float16"),
               Case("causal", 2048, 1, 16, 8, 64, "float16"), Case("vlm", 1024, 2, 8, 8, 64, "float16")],
+    # Head dim 256 (Gemma 2 / 3: 8 query / 4 KV heads) on the VLM and causal masks, and a wide grid.
+    "d256": [Case(mask, length, 1, 8, 4, 256, "bfloat16") for mask in ("vlm", "causal") for length in (8192, 16384)]
+    + [Case("vlm", 4096, 4, 8, 4, 256, "float16")],
     # Vision towers' calls: every image bidirectional and alone (the implicit full mask), one per batch row, at the
     # kernel head dim their towers run on (SigLIP's 72 and Qwen's 80 zero-extended to 128; CLIP-L's 64): Gemma 3's
     # 896 px images (4096 patches), SigLIP at 384 px (729) and CLIP-L at 336 px (577), and one long bidirectional row.

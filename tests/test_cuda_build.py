@@ -63,7 +63,7 @@ def test_python_sends_the_library_the_head_dims_of_the_table():
     assert library.HEAD_DIMS == tuple(sorted(load_generator().HEAD_DIMS))
 
 
-@pytest.mark.parametrize("families", [("sm80", "sm90", "decode"), ("sm80",)])
+@pytest.mark.parametrize("families", [("sm80", "sm90", "decode"), ("sm80",), ("sm80", "sm90:fwd")])
 def test_a_head_dim_added_to_the_table_reaches_its_instantiations_and_the_dispatch(monkeypatch, families):
     generator = load_generator()
     monkeypatch.setattr(generator, "HEAD_DIMS", {**generator.HEAD_DIMS, 96: families})
@@ -72,17 +72,19 @@ def test_a_head_dim_added_to_the_table_reaches_its_instantiations_and_the_dispat
         for direction in generator.DIRECTIONS:
             for dtype, element in generator.DTYPES.items():
                 path = Path(arch, "inst", f"{direction}_{dtype}_hdim96.cu")
-                assert (path in files) == (arch in families), path
-                if arch in families:
+                wanted = arch in families or f"{arch}:{direction}" in families
+                assert (path in files) == wanted, path
+                if wanted:
                     text = files[path]
                     assert f"run_{direction}<{element}, 96>" in text and f'"{arch}/{direction}_launch.cuh"' in text
     header = files[Path("host", "head_dims.h")]
     dims = sorted(generator.HEAD_DIMS)
     assert f"#define OMNI_FOR_EACH_HEAD_DIM(X) {' '.join(f'X({d})' for d in dims)}\n" in header
-    for macro, family in (("SM90", "sm90"), ("DECODE", "decode")):
-        taken = [d for d in dims if family in generator.HEAD_DIMS[d]]
+    for macro, family, direction in (("SM90_FWD", "sm90", "fwd"), ("SM90_BWD", "sm90", "bwd"),
+                                      ("DECODE", "decode", None)):
+        taken = [d for d in dims if generator.takes(d, family, direction)]
         assert f"#define OMNI_FOR_EACH_{macro}_HEAD_DIM(X) {' '.join(f'X({d})' for d in taken)}\n" in header
-        assert (96 in taken) == (family in families)
+        assert (96 in taken) == (family in families or f"{family}:{direction}" in families)
     assert f'"{", ".join(map(str, dims[:-1]))} and {dims[-1]}"' in header
 
 
@@ -94,8 +96,8 @@ DISPATCH_HARNESS = r"""
 int main() {
   for (int d = 0; d <= 512; ++d) {
     const int called = omni::dispatch_head_dim(d, [](auto head_dim) { return int(head_dim()); }, [] { return -1; });
-    std::printf("%d %d %d %d %d\n", d, int(omni::instantiated_head_dim(d)), called, int(omni::sm90_head_dim(d)),
-                int(omni::decode_head_dim(d)));
+    std::printf("%d %d %d %d %d %d\n", d, int(omni::instantiated_head_dim(d)), called,
+                int(omni::sm90_fwd_head_dim(d)), int(omni::sm90_bwd_head_dim(d)), int(omni::decode_head_dim(d)));
   }
   return 0;
 }
@@ -109,13 +111,15 @@ def test_head_dim_dispatch_takes_exactly_the_tables_head_dims(tmp_path):
     needs()
     exe = host_program(DISPATCH_HARNESS, tmp_path / "dispatch")
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    table = load_generator().HEAD_DIMS
+    generator = load_generator()
+    table = generator.HEAD_DIMS
     for line in out.splitlines():
-        d, instantiated, called, sm90, decode = map(int, line.split())
+        d, instantiated, called, sm90_fwd, sm90_bwd, decode = map(int, line.split())
         assert bool(instantiated) == (d in table), d
         assert called == (d if d in table else -1), d
-        assert bool(sm90) == ("sm90" in table.get(d, ())), d
-        assert bool(decode) == ("decode" in table.get(d, ())), d
+        assert bool(sm90_fwd) == generator.takes(d, "sm90", "fwd"), d
+        assert bool(sm90_bwd) == generator.takes(d, "sm90", "bwd"), d
+        assert bool(decode) == generator.takes(d, "decode"), d
 
 
 def test_source_hash_changes_with_the_target_arch():

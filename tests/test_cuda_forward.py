@@ -322,12 +322,14 @@ def _cta_rows(kernel_name: str) -> int:
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
 @pytest.mark.parametrize("mask_kind", ("token_rule", "causal", "block_mixture"))
-@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dim", (64, 128, 256))
 @pytest.mark.parametrize("extra_head", (0, 1))
 def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, mask_kind, extra_head):
     """128-row mask blocks run as two 64-row CTAs while all of them fit on the GPU at once (two per
-    multiprocessor at head dim 64, launched in the folded order; one at 128); one head more crosses to 128-row
-    CTAs. Two batch rows, so the launch order's ranks span batch and heads. Both match the reference."""
+    multiprocessor at head dim 64, launched in the folded order; one at 128 and 256); one head more crosses to
+    128-row CTAs (at 256: one item each, O staged in Q's buffer, 64-key tiles walking each mask block as two halves,
+    pool rows staged from the half's columns). Two batch rows, so the launch order's ranks span batch and heads.
+    Both match the reference."""
     if kernel_path != "sm90":
         pytest.skip("the CTA height is the sm_90a kernel's")
     batch, q_len = 2, 1000  # 16 tiles of 64 rows, 8 blocks of 128 per batch row and head

@@ -46,7 +46,7 @@ int check_bwd_params(const OmniBwdParams& p) {
 
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
-  if constexpr (sm90_head_dim(kHeadDim)) {
+  if constexpr (sm90_bwd_head_dim(kHeadDim)) {
     if (tuning::bwd_takes_sm90(p)) return sm90::run_bwd<Element, kHeadDim>(p, ws);
   }
   return sm80::run_bwd<Element, kHeadDim>(p, ws);

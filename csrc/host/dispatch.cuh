@@ -21,8 +21,9 @@ int dispatch_block(int size, F&& f) {
 #define OMNI_IS_HEAD_DIM(D) head_dim == D ||
 // Whether head_dim has kernel instantiations (host/head_dims.h): the sm_80 ones, which take every head dim listed.
 constexpr bool instantiated_head_dim(int head_dim) { return OMNI_FOR_EACH_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
-// Whether the sm_90a kernels are instantiated for head_dim.
-constexpr bool sm90_head_dim(int head_dim) { return OMNI_FOR_EACH_SM90_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
+// Whether the sm_90a forward / backward kernels are instantiated for head_dim.
+constexpr bool sm90_fwd_head_dim(int head_dim) { return OMNI_FOR_EACH_SM90_FWD_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
+constexpr bool sm90_bwd_head_dim(int head_dim) { return OMNI_FOR_EACH_SM90_BWD_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
 // Whether the split-KV decode kernels are instantiated for head_dim.
 constexpr bool decode_head_dim(int head_dim) { return OMNI_FOR_EACH_DECODE_HEAD_DIM(OMNI_IS_HEAD_DIM) false; }
 #undef OMNI_IS_HEAD_DIM

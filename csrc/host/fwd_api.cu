@@ -17,7 +17,7 @@ namespace {
 
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
-  if constexpr (sm90_head_dim(kHeadDim)) {
+  if constexpr (sm90_fwd_head_dim(kHeadDim)) {
     if (tuning::fwd_takes_sm90(p)) return sm90::run_fwd<Element, kHeadDim>(p);
   }
   return sm80::run_fwd<Element, kHeadDim>(p);
@@ -30,14 +30,17 @@ int run_fwd_head_dim(const OmniFwdParams& p) {
   });
 }
 
-// The sm_90a forward's workspace: its work counter where it runs persistent 128-row CTAs, else none.
+// The sm_90a forward's workspace: its work counter where it runs persistent 128-row CTAs (up to head dim 128),
+// else none.
 size_t sm90_workspace_bytes(const OmniFwdParams& p) {
   const int sms = multiprocessors();
   return dispatch_head_dim(
       p.head_dim,
       [&](auto head_dim) {
-        if constexpr (sm90_head_dim(head_dim())) {
-          return tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0} : sm90::kPersistentWorkspaceBytes;
+        if constexpr (sm90_fwd_head_dim(head_dim())) {
+          constexpr bool persistent = sm90::FwdTraits<cutlass::half_t, head_dim(), 128>::kPersistent;
+          return !persistent || tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0}
+                                                                                    : sm90::kPersistentWorkspaceBytes;
         }
         return size_t{0};
       },

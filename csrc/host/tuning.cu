@@ -48,12 +48,12 @@ bool fwd_takes_decode(const OmniFwdParams& p) {
 }
 
 bool fwd_takes_sm90(const OmniFwdParams& p) {
-  return sm90_head_dim(p.head_dim) && (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 &&
+  return sm90_fwd_head_dim(p.head_dim) && (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 &&
          hopper_can_read(p);
 }
 
 bool bwd_takes_sm90(const OmniBwdParams& p) {
-  return sm90_head_dim(p.fwd.head_dim) && p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
+  return sm90_bwd_head_dim(p.fwd.head_dim) && p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
          sm90::tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
 }
 

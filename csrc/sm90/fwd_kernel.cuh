@@ -125,7 +125,7 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
       stage_token_ids<kBlockN, 32>(s.aux[stage], doc, grp, tile.col0, p.kv_len, lane);
     } else if (tile.kind == kTilePool) {
       stage_pool_rows<kBlockM, Traits::kPoolWords, 32>(s.aux[stage], m, tile.pool, qt.row0 - qt.block * m.block_q,
-                                                       0, lane);
+                                                       tile.col0 & (m.block_kv - 1), lane);
     }
     arrive_after_staging(&s.k_full[stage]);
     Barrier::wait(&s.v_empty[stage], free_phase);

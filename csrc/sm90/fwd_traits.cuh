@@ -22,9 +22,11 @@ struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   // One CTA per kBlockM query rows: 128 (a mask block of 128 rows), or 64 (a mask block of 64 rows, or half of
-  // one of 128 when the grid is too small to fill the GPU); key tiles of 128 columns (= block_kv).
+  // one of 128 when the grid is too small to fill the GPU); key tiles of 128 columns (= block_kv), or of 64 above
+  // head dim 128, where two stages of 128-key K and V tiles would not fit in shared memory: each 128-key mask
+  // block is walked as two halves (KvTileWalker).
   static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kStages = 2;
   static_assert(kBlockM == 64 || kBlockM == 128, "a CTA takes 64 or 128 query rows");
   // Warpgroup 0 produces (TMA and mask data, one warp busy); each consumer warpgroup takes 64 query rows. Two
@@ -61,8 +63,10 @@ struct FwdTraits {
   static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
 
   // 128-row CTAs run persistent (one per SM, work items from a counter), with a separate buffer for the output
-  // tile so the next item's Q can load during an epilogue; 64-row CTAs run one item and stage O in Q's buffer.
-  static constexpr bool kPersistent = kBlockM == 128;
+  // tile so the next item's Q can load during an epilogue; 64-row CTAs, and 128-row ones above head dim 128 (no
+  // room for that buffer: Q 64 KB + K, V 2 x 2 x 32 KB at 256), run one item and stage O in Q's buffer (each
+  // consumer warpgroup in the rows of its own Q).
+  static constexpr bool kPersistent = kBlockM == 128 && kHeadDim <= 128;
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // also the output tile's buffer, unless persistent
