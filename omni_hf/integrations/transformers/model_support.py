@@ -10,13 +10,15 @@ own modeling code: whether its layers call the attention function at all, and th
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import inspect
 import re
 import sys
 
 from transformers import PreTrainedModel
 
-__all__ = ["OWN_ATTENTION", "UNSUPPORTED_FEATURES", "refuse_unservable_models", "unsupported_feature"]
+__all__ = ["OWN_ATTENTION", "UNSUPPORTED_FEATURES", "refuse_unservable_models", "unsupported_feature",
+           "when_omni_is_chosen"]
 
 # Keyword arguments of a model's attention-function calls that omni attention cannot honour.
 UNSUPPORTED_FEATURES = {
@@ -27,23 +29,34 @@ UNSUPPORTED_FEATURES = {
 _ATTENTION_CALL = re.compile(r"attention_interface\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)")
 
 
-def refuse_unservable_models() -> None:
-    """Make Transformers refuse "omni" for models `unsupported_feature` names a feature of (idempotent)."""
+def when_omni_is_chosen(name: str, action: Callable[[type], None]) -> None:
+    """Make Transformers call ``action(model_class)`` whenever it settles on "omni" for a model (built, or switched
+    by ``set_attn_implementation``); ``name`` makes it idempotent."""
     original = PreTrainedModel.get_correct_attn_implementation
-    if getattr(original, "refuses_unservable_models", False):
+    actions = getattr(original, "omni_actions", ())
+    if name in actions:
         return
 
     @functools.wraps(original)
     def get_correct_attn_implementation(self, requested_attention, is_init_check=False):
         chosen = original(self, requested_attention, is_init_check)
-        feature = unsupported_feature(type(self)) if chosen == "omni" else None
-        if feature is not None:
-            raise ValueError(f'attn_implementation="omni": {type(self).__name__} uses {feature}, which omni attention '
-                             'does not support; use attn_implementation="eager" (or another that the model supports)')
+        if chosen == "omni":
+            action(type(self))
         return chosen
 
-    get_correct_attn_implementation.refuses_unservable_models = True
+    get_correct_attn_implementation.omni_actions = (*actions, name)
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+def refuse_unservable_models() -> None:
+    """Make Transformers refuse "omni" for models `unsupported_feature` names a feature of (idempotent)."""
+    when_omni_is_chosen("refuse unservable models", _refuse)
+
+
+def _refuse(model_class: type) -> None:
+    if (feature := unsupported_feature(model_class)) is not None:
+        raise ValueError(f'attn_implementation="omni": {model_class.__name__} uses {feature}, which omni attention '
+                         'does not support; use attn_implementation="eager" (or another that the model supports)')
 
 
 OWN_ATTENTION = "attention layers of its own (they never call Transformers' attention function)"

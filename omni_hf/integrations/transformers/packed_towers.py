@@ -19,7 +19,8 @@ import inspect
 import sys
 
 import torch
-from transformers import PreTrainedModel
+
+from .model_support import when_omni_is_chosen
 
 __all__ = ["PACKED", "pack_vision_towers", "pack_vision_towers_on_build", "packs_by_name"]
 
@@ -28,19 +29,7 @@ PACKED = "omni_flash_packed"
 
 def pack_vision_towers_on_build() -> None:
     """When Transformers settles on "omni" for a model, `pack_vision_towers` its modeling module (idempotent)."""
-    original = PreTrainedModel.get_correct_attn_implementation
-    if getattr(original, "packs_vision_towers", False):
-        return
-
-    @functools.wraps(original)
-    def get_correct_attn_implementation(self, requested_attention, is_init_check=False):
-        chosen = original(self, requested_attention, is_init_check)
-        if chosen == "omni":
-            pack_vision_towers(type(self).__module__)
-        return chosen
-
-    get_correct_attn_implementation.packs_vision_towers = True
-    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+    when_omni_is_chosen("pack vision towers", lambda model_class: pack_vision_towers(model_class.__module__))
 
 
 def pack_vision_towers(module_name: str) -> None:
