@@ -33,7 +33,7 @@ bool bwd_takes_sm90(const OmniBwdParams& p);
 // Whether the sm_90a forward runs 64-row CTAs: where the mask's blocks have 64 rows, or where every 64-row CTA of
 // the call is resident at once (e.g. B 1, H 8, S 1024 at head dim 64: 128 CTAs of 64 rows instead of 64 of 128,
 // which would leave half of 132 multiprocessors idle). Otherwise 128-row CTAs, whose two warpgroups ping-pong, run
-// persistent. `sms`: the device's multiprocessors.
+// persistent up to head dim 128 (FwdTraits::kPersistent). `sms`: the device's multiprocessors.
 template <int kHeadDim>
 bool sm90_fwd_takes_64_rows(const OmniFwdParams& p, int sms) {
   using Traits64 = sm90::FwdTraits<cutlass::half_t, kHeadDim, 64>;  // bf16 has the same sizes

@@ -44,7 +44,7 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
 
-// 64-row CTAs or persistent 128-row ones, as host/tuning.cuh's sm90_fwd_takes_64_rows decides.
+// 64-row CTAs or 128-row ones (persistent up to head dim 128), as host/tuning.cuh's sm90_fwd_takes_64_rows decides.
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   using Traits64 = FwdTraits<Element, kHeadDim, 64>;
