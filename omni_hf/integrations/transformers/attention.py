@@ -21,9 +21,9 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
    blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)
    adds document starts. Anything else is evaluated tile by tile (`OmniBlockMask.from_mask_fn`: exact, but
    it syncs and breaks a compiled graph);
-4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit; a packed vision
-   tower's call (``cu_seq_lens_k``, `packed_towers`) attends each image or window alone, by the token rule. Such an
-   encoder call runs bidirectional even when 1. or 2. are given: they describe the language model's tokens
+4. no mask: causal, or bidirectional when ``is_causal`` is False (vision towers), both implicit; a packed call
+   (``cu_seq_lens_k``: a packed vision tower, `packed_towers`) attends each sequence alone, causal or bidirectional,
+   by the token rule. Such calls run so even when 1. or 2. are given: those describe the language model's tokens
    (Qwen2-VL hands its vision tower the forward's kwargs).
 
 Positions are bottom-right aligned (query ``i`` at ``i + kv_len - q_len``). Static caches hand over their whole
@@ -104,10 +104,11 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
     q_len, kv_len, device = query.shape[2], key.shape[2], query.device
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     batch = query.shape[0]
+    if mask is None and (bounds := kwargs.get("cu_seq_lens_k")) is not None:  # a packed call (packed_towers.py)
+        doc = cu_segments(bounds, batch, q_len, kv_len, device)  # each sequence alone: an image, a window
+        groups = None if causal else torch.zeros_like(doc)  # bidirectional: each sequence one group
+        return OmniBlockMask.from_token_ids(doc, groups, window=sliding_window), None
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
-        if (bounds := kwargs.get("cu_seq_lens_k")) is not None:  # a packed tower: each image or window alone
-            doc = cu_segments(bounds, batch, q_len, kv_len, device)
-            return OmniBlockMask.from_token_ids(doc, torch.zeros_like(doc)), None
         return OmniBlockMask.full(q_len, kv_len), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
         _check_block_mask_kwarg(block_mask, batch, q_len, kv_len)
