@@ -326,17 +326,23 @@ def test_packed_vision_tower_makes_one_call_per_layer_with_each_image_alone(mode
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_a_packed_call_without_a_mask_attends_each_sequence_alone(is_causal, device):
     """What a packed tower's attention hands omni (no mask, ``cu_seq_lens_k``): the output of each sequence run
-    alone, bidirectional or causal as the call says."""
-    lengths, heads, dim = [5, 17, 1, 9], 2, 16
+    alone, bidirectional or causal as the call says. Sequences that start and end inside 128-key tiles, one of a
+    single token, at a tower's head dim (80, zero-extended on a GPU); bf16 kernels on a GPU."""
+    lengths, heads, dim = [70, 300, 1, 129, 64], 4, 80
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, heads, sum(lengths), dim, generator=g).to(device) for _ in range(3))
-    module = torch.nn.Module()
-    out, _ = omni_attention_forward(module, q, k, v, None, is_causal=is_causal, cu_seq_lens_q=bounds,
-                                    cu_seq_lens_k=bounds)
-    alone = [torch.nn.functional.scaled_dot_product_attention(*(t[:, :, a:b] for t in (q, k, v)), is_causal=is_causal)
-             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-    assert_close_to_reference(out.float(), torch.cat(alone, dim=2).transpose(1, 2).float(), what="packed output")
+    lowp = torch.bfloat16 if low_precision(device) else torch.float32
+
+    def alone(dtype):  # each sequence in a call of its own, as Transformers' split path runs them
+        return torch.cat([torch.nn.functional.scaled_dot_product_attention(
+            *(t[:, :, a:b].to(dtype) for t in (q, k, v)), is_causal=is_causal)
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())], dim=2).transpose(1, 2).float()
+
+    out, _ = omni_attention_forward(torch.nn.Module(), *(t.to(lowp) for t in (q, k, v)), None, is_causal=is_causal,
+                                    cu_seq_lens_q=bounds, cu_seq_lens_k=bounds)
+    assert_close_to_reference(out.float(), alone(torch.float32), alone(lowp) if low_precision(device) else None,
+                              what="packed output")
 
 
 # ---------------------------------------------------------------------- packing and interleaved masks
