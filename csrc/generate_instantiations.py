@@ -26,7 +26,7 @@ DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 HEAD_DIMS = {
     64: ("sm80", "sm90", "decode"),
     128: ("sm80", "sm90", "decode"),
-    256: ("sm80", "sm90:fwd"),
+    256: ("sm80", "sm90"),
 }
 
 

@@ -96,4 +96,16 @@ __forceinline__ __device__ OmniMask staged_pool_view(const int* smem) {
   return view;
 }
 
+// Rows ii0 .. ii0 + kRows - 1 of pool entry `pool` from column jj0 (a multiple of 32) of its mask block on, read
+// in place: a one-entry pool view whose rows keep the block's stride.
+template <int kRows>
+__forceinline__ __device__ OmniMask pool_rows_view(const OmniMask& m, int pool, int ii0, int jj0) {
+  OmniMask view{};
+  view.partial_pool = m.partial_pool + (int64_t(pool) * m.block_q + ii0) * (m.block_kv / 32) + jj0 / 32;
+  view.num_partial = 1;
+  view.block_q = kRows;
+  view.block_kv = m.block_kv;
+  return view;
+}
+
 }  // namespace omni

@@ -88,4 +88,14 @@ __forceinline__ __device__ void pool_bits(Bits& bits, const TC& c, const OmniMas
   });
 }
 
+// PARTIAL from the pool applied straight to the scores, where no accumulator is saved by evaluating first.
+template <class TS, class TC>
+__forceinline__ __device__ void mask_pool(TS& s, const TC& c, const OmniMask& staged, int col_limit) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(s); ++i) {
+    const int jj = get<1>(c(i));
+    if (!(pool_allowed(staged, 0, get<0>(c(i)), jj) & (jj < col_limit))) s(i) = -INFINITY;
+  }
+}
+
 }  // namespace omni

@@ -46,13 +46,7 @@ __forceinline__ __device__ void partial_bits(Bits& bits, const TC& c, const QTil
   if (tile.kind == kTileToken) {
     token_bits<kBlockM, kBlockN>(bits, c, at.q_ids, at.k_ids, at.qpos0, at.col0, mask.window);
   } else if (tile.kind == kTilePool) {
-    const int words_per_row = mask.block_kv / 32;
-    OmniMask view{};
-    view.partial_pool = mask.partial_pool + (int64_t(tile.pool) * mask.block_q + tile.ii0) * words_per_row + at.jj0 / 32;
-    view.num_partial = 1;
-    view.block_q = kBlockM;
-    view.block_kv = mask.block_kv;
-    pool_bits(bits, c, view, at.col_limit);
+    pool_bits(bits, c, pool_rows_view<kBlockM>(mask, tile.pool, tile.ii0, at.jj0), at.col_limit);
   }
 }
 

@@ -2,7 +2,7 @@
 // kBlockM * D contiguous floats per tile) is kept in the order the consumer threads hold their dQ fragments,
 // not row-major: float4 number j of consumer thread c sits at slot j * kConsumerThreads + c. The main kernel
 // then stages a tile's dQ in shared memory with conflict-free 16-byte stores and adds it to the workspace with
-// a single bulk reduction; bwd_convert_dq_kernel below maps slots back to (row, col) when it writes dq.
+// two bulk reductions, one per half; bwd_convert_dq_kernel below maps slots back to (row, col) when it writes dq.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
@@ -23,14 +23,17 @@ struct DqSlots {
   __device__ static int slot(int vec, int ctid) { return (vec * Traits::kConsumerThreads + ctid) * 4; }
 };
 
-// Consumer thread ctid's dQ fragment (fp32 registers, from Traits::TiledMmaDQ) -> its slots of the tile `dq`.
+// Consumer thread ctid's dQ fragment (fp32 registers, from Traits::TiledMmaDQ) -> its slots of the tile, whose
+// first kDqHalfFloats floats are at `lo` and the rest at `hi` (bwd_traits.cuh).
 template <class Traits, class Acc>
-__forceinline__ __device__ void store_dq_slots(const Acc& acc, float* dq, int ctid) {
+__forceinline__ __device__ void store_dq_slots(const Acc& acc, float* lo, float* hi, int ctid) {
   using Slots = DqSlots<Traits>;
   static_assert(decltype(size(acc))::value == Slots::kValues, "one dQ fragment per consumer thread");
+  static_assert(Slots::kVecs % 2 == 0, "each half holds whole vectors of every thread");
   CUTE_UNROLL
   for (int j = 0; j < Slots::kVecs; ++j) {
-    *reinterpret_cast<float4*>(dq + Slots::slot(j, ctid)) =
+    float* half = j < Slots::kVecs / 2 ? lo : hi - Traits::kDqHalfFloats;
+    *reinterpret_cast<float4*>(half + Slots::slot(j, ctid)) =
         make_float4(acc(4 * j), acc(4 * j + 1), acc(4 * j + 2), acc(4 * j + 3));
   }
 }

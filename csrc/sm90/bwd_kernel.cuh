@@ -12,8 +12,12 @@
 //       dV += P^T dO                          (in flight while dS is computed)
 //       dS^T = P^T (dP^T - D), dK += dS^T Q
 //       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half)
-//     and the tile's dQ goes through smem into the fp32 workspace, in the threads' order (bwd_dq.cuh), by one
-//     bulk reduction (cp.reduce.async.bulk .add.f32) that drains while the next tile computes.
+//     and the tile's dQ goes through smem into the fp32 workspace, in the threads' order (bwd_dq.cuh), by bulk
+//     reductions (cp.reduce.async.bulk .add.f32) that drain while the next tile computes.
+// Above head dim 128 (Traits::kWideHead) a CTA takes 64 keys, half a mask block: the consumers split the tile's
+// query rows for S^T / dP^T and the head dim for dK / dV, so P^T and dS^T both go through smem before dV and
+// dK, which run beside dQ; the tile's dQ is staged in the tile's own Q / dO stage, which goes back to the
+// producer once the reductions have read it.
 // Rows past q_len need no mask: lse2 is +inf there, so P = 0. Keys past kv_len are masked like the sm_80
 // kernel's (TMA reads them as zeros, but P of a zero score can still overflow when lse is very negative).
 #pragma once
@@ -59,6 +63,7 @@ struct BwdParams {
 constexpr int kDsReadyBarrier = 1;   // both halves of dS^T are in smem; the previous dQ left smem
 constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem; both dQ GEMMs are done with dS
 constexpr int kEpilogueBarrier = 3;  // every GEMM is done with K and V, whose smem takes dK and dV
+constexpr int kStageDoneBarrier = 4;  // kWideHead: every GEMM of the tile is done with its Q / dO stage
 
 // 1-D bulk copy of `bytes` (a multiple of 16) from global to shared memory, completing on `bar`.
 __forceinline__ __device__ void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* bar) {
@@ -75,7 +80,7 @@ __forceinline__ __device__ void bulk_reduce_add(float* gmem, const float* smem, 
 // The producer warp: K, V once, then every tile of the walk in order, a stage at a time as the consumers free
 // them. After the last tile it publishes an invalid tile, which ends the consumers' loop.
 template <class Traits, class Params, class Storage>
-__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h_kv, int n_block) {
+__forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h_kv, int kv_block) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -94,9 +99,9 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   auto kv_shape = make_shape(f.kv_len, Int<kHeadDim>{}, f.heads_kv, f.batch);
   auto rows_shape = make_shape(f.q_len, Int<kHeadDim>{}, f.heads_q, f.batch);
   Tensor gK = local_tile(params.tma_k.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                         make_coord(n_block, _0{}));
+                         make_coord(kv_block, _0{}));
   Tensor gV = local_tile(params.tma_v.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                         make_coord(n_block, _0{}));
+                         make_coord(kv_block, _0{}));
   Tensor mQ = params.tma_q.get_tma_tensor(rows_shape);
   Tensor mdO = params.tma_dout.get_tma_tensor(rows_shape);
   if (lane == 0) {
@@ -107,13 +112,14 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     copy(params.tma_v.with(s.kv_full), tVg, tVs);
   }
   if (token_ranges_apply(m, b)) {
-    stage_token_ranges<kBlockN, 32, true>(s.k_ids, m, b, n_block * kBlockN, f.kv_len, lane);
+    stage_token_ranges<kBlockN, 32, true>(s.k_ids, m, b, kv_block * kBlockN, f.kv_len, lane);
   } else {
-    stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, n_block * kBlockN, f.kv_len, lane);
+    stage_token_ids<kBlockN, 32>(s.k_ids, doc, grp, kv_block * kBlockN, f.kv_len, lane);
   }
   arrive_after_staging(&s.kv_full);
 
-  const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, n_block, f.q_len, f.kv_len);
+  const int mask_block = kv_block * kBlockN / Traits::kMaskBlockN;
+  const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, mask_block, f.q_len, f.kv_len);
   bwd::WalkCursor cursor = walk.start();
   for (int t = 0;; ++t) {
     const int stage = t % Traits::kStages;
@@ -160,11 +166,12 @@ __forceinline__ __device__ auto transposed_identity() {
 
 // Masks the S^T fragment by tile kind (FULL tiles never get here). c: each element's (key, query row) in the
 // tile, as the fragment is laid out; c_t: the same pairs as (query row, key), the order of tile_mask.cuh. k_ids:
-// the keys' ranges of queries for kTileTokenRanges (the producer staged them), else their ids.
+// the keys' ranges of queries for kTileTokenRanges (the producer staged them), else their ids. col0: the CTA's
+// first key; jj0: the same inside its mask block (64 with kWideHead's second half, else 0).
 template <class Traits, class TS, class TC, class TCt>
 __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt& c_t, const QTile& tile,
-                                              const OmniMask& m, int kv_len, int qpos0, int col0, const int* q_ids,
-                                              const int* k_ids) {
+                                              const OmniMask& m, int kv_len, int qpos0, int col0, int jj0,
+                                              const int* q_ids, const int* k_ids) {
   switch (tile.kind) {
     case kTileColLimit: mask_col_limit(acc_s, c_t, kv_len - col0); break;
     case kTileCausal: mask_causal(acc_s, c_t, qpos0, col0); break;
@@ -178,30 +185,43 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
       mask_token_ranges(s_rc, rowcol(c), k_ids, qpos0);
       break;
     }
-    case kTilePool: {  // read in place (L1): pool tiles are rare next to the token rule's
-      FragmentBits<decltype(size(acc_s))::value> bits;
-      const int* rows = m.partial_pool + (int64_t(tile.pool) * m.block_q + tile.ii0) * (Traits::kBlockN / 32);
-      pool_bits(bits, c_t, staged_pool_view<Traits::kBlockM, Traits::kBlockN / 32>(rows), kv_len - col0);
-      bits.apply(acc_s);
+    case kTilePool:  // read in place (L1): pool tiles are rare next to the token rule's
+      mask_pool(acc_s, c_t, pool_rows_view<Traits::kBlockM>(m, tile.pool, tile.ii0, jj0), kv_len - col0);
       break;
-    }
     default: break;
+  }
+}
+
+// The A operands of dV and dK: P^T and dS^T straight from the S^T-shaped registers, or with kWideHead from
+// their smem (each warpgroup then needs every row of the tile, of which it computed half).
+template <class Traits, class ThrDKV, class TP, class Storage>
+__forceinline__ __device__ auto dkv_operands_a(const ThrDKV& thr_dkv, TP& rP, TP& rdS, Storage& s) {
+  if constexpr (Traits::kWideHead) {
+    return make_tuple(
+        thr_dkv.partition_fragment_A(make_tensor(make_smem_ptr(s.pt_or_dq.pt), typename Traits::SmemLayoutdSt{})),
+        thr_dkv.partition_fragment_A(make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdSt{})));
+  } else {
+    return make_tuple(make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout())),
+                      make_tensor(rdS.data(), acc_as_a_operand_layout(rdS.layout())));
   }
 }
 
 // The consumer warpgroups: the tiles of the walk (see the file comment), then dK and dV out.
 template <class Traits, bool kSoftcap, class Storage>
 __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b,
-                                        int h_kv, int n_block) {
+                                        int h_kv, int kv_block) {
   using Element = typename Traits::Element;
+  constexpr bool kWideHead = Traits::kWideHead;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   constexpr int kThreads = Traits::kConsumerThreads;
+  constexpr int kDqHalfBytes = Traits::kDqHalfFloats * sizeof(float);
   const OmniFwdParams& f = p.fwd;
   const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
-  const int n0 = n_block * kBlockN;
+  const int n0 = kv_block * kBlockN;
+  const int jj0 = n0 % Traits::kMaskBlockN;
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDKV mma_dkv;
@@ -219,8 +239,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdSt{});
 
-  // Operands: S^T / dP^T read K / V (this warpgroup's 64 keys) and the stage's Q / dO; dV / dK read P^T / dS^T
-  // from registers and the stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T.
+  // Operands: S^T / dP^T read K / V and the stage's Q / dO; dV / dK read P^T / dS^T (dkv_operands_a) and the
+  // stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T.
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
@@ -238,8 +258,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor rP = make_tensor<Element>(acc_s.layout());
   Tensor rdS = make_tensor<Element>(acc_s.layout());
-  Tensor tKVrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
-  Tensor tKVrdS = make_tensor(rdS.data(), acc_as_a_operand_layout(rdS.layout()));
+  auto [tKVaP, tKVadS] = dkv_operands_a<Traits>(thr_dkv, rP, rdS, s);
   Tensor tSsdSt = thr_sdp.partition_C(sdSt);
 
   // Each score's (key, query row) in the tile, and the same as (query row, key).
@@ -260,6 +279,12 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     if (!tile.valid) break;
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
+    if constexpr (kWideHead) {  // the previous tile's reductions have read its dQ: its stage is free
+      if (reduces && t > 0) {
+        tma_store_wait<0>();
+        Barrier::arrive(&s.empty[(t - 1) % kStages]);
+      }
+    }
     const int qpos0 = tile.m_block * kBlockM + f.kv_len - f.q_len;
 
     // P^T = exp2(t * mul - lse2), the query rows being the fragment's columns.
@@ -269,7 +294,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * (f.scale / f.softcap));
     }
     if (tile.kind != kTileFull) {
-      mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, s.q_ids[stage], s.k_ids);
+      mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, jj0, s.q_ids[stage], s.k_ids);
     }
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
@@ -278,10 +303,14 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(s_rc(r, c) * mul - lse2);
     }
     rP = convert_fragment<Element>(acc_s);
-    gemm_issue<false>(mma_dkv, tKVrP, tKVrdOt(_, _, _, stage), acc_dv);
+    if constexpr (kWideHead) {
+      copy(rP, thr_sdp.partition_C(make_tensor(make_smem_ptr(s.pt_or_dq.pt), typename Traits::SmemLayoutdSt{})));
+    } else {
+      gemm_issue<false>(mma_dkv, tKVaP, tKVrdOt(_, _, _, stage), acc_dv);
+    }
 
     // dS^T = P^T (dP^T - D) while dV runs.
-    gemm_wait<1>(acc_dp);
+    gemm_wait<kWideHead ? 0 : 1>(acc_dp);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dp_rc); ++c) {
       const int row = get<1>(cS_rc(0, c));
@@ -293,13 +322,19 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       }
     }
     rdS = convert_fragment<Element>(acc_dp);
-    gemm_issue<false>(mma_dkv, tKVrdS, tKVrQt(_, _, _, stage), acc_dk);
+    if constexpr (!kWideHead) gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);
 
-    // dS^T to smem (the previous tile's dQ GEMMs are done with it: kDqReadyBarrier), visible to wgmma.
+    // dS^T (and P^T) to smem (the previous tile's GEMMs are done with them: kDqReadyBarrier), visible to wgmma.
     copy(rdS, tSsdSt);
     cutlass::arch::fence_view_async_shared();
-    if (reduces) tma_store_wait<0>();  // the previous tile's reductions have read sdQ
+    if constexpr (!kWideHead) {
+      if (reduces) tma_store_wait<0>();  // the previous tile's reductions have read the dQ block
+    }
     named_barrier_sync(kDsReadyBarrier, kThreads);
+    if constexpr (kWideHead) {
+      gemm_issue<false>(mma_dkv, tKVaP, tKVrdOt(_, _, _, stage), acc_dv);
+      gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);
+    }
 
     // dQ = dS K for this warpgroup's head-dim half, then into the workspace.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
@@ -307,14 +342,28 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     gemm_wait<0>(acc_dq);
     warpgroup_fence_operand(rP);
     warpgroup_fence_operand(rdS);
-    Barrier::arrive(&s.empty[stage]);
-    store_dq_slots<Traits>(acc_dq, s.dq, ctid);
+    float* dq_lo;
+    float* dq_hi;
+    if constexpr (kWideHead) {
+      // Every GEMM of the tile is done with the stage, whose Q and dO tiles take the dQ halves.
+      named_barrier_sync(kStageDoneBarrier, kThreads);
+      dq_lo = reinterpret_cast<float*>(&sQ(0, 0, stage));
+      dq_hi = reinterpret_cast<float*>(&sdO(0, 0, stage));
+    } else {
+      Barrier::arrive(&s.empty[stage]);
+      dq_lo = s.pt_or_dq.dq;
+      dq_hi = dq_lo + Traits::kDqHalfFloats;
+    }
+    store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid);
     tma_store_fence();
     named_barrier_sync(kDqReadyBarrier, kThreads);
     if (reduces) {
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
-      bulk_reduce_add(dq_rows, s.dq, Traits::kDqFloats * sizeof(float));
+      bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
+      bulk_reduce_add(dq_rows + Traits::kDqHalfFloats, dq_hi, kDqHalfBytes);
       tma_store_arrive();
+    } else if constexpr (kWideHead) {
+      Barrier::arrive(&s.empty[stage]);  // the reducing thread arrives once its reductions have read the stage
     }
   }
   if (reduces) tma_store_wait<0>();
@@ -351,7 +400,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Storage& s = *reinterpret_cast<Storage*>(smem);
   const int h_kv = blockIdx.x;
   const int b = blockIdx.y;
-  const int n_block = blockIdx.z;  // every head's first (most loaded, under causal masks) blocks go first
+  const int kv_block = blockIdx.z;  // every head's first (most loaded, under causal masks) blocks go first
 
   if (threadIdx.x == 0) {
     Barrier::init(&s.kv_full, kFullArrivals);
@@ -365,10 +414,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
   if (threadIdx.x < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x < 32) produce<Traits>(params, s, b, h_kv, n_block);
+    if (threadIdx.x < 32) produce<Traits>(params, s, b, h_kv, kv_block);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume<Traits, kSoftcap>(params.p, params.ws, s, b, h_kv, n_block);
+    consume<Traits, kSoftcap>(params.p, params.ws, s, b, h_kv, kv_block);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a; omni_bwd launches this kernel only on compute capability 9.0

@@ -16,30 +16,47 @@ template <typename Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  // One CTA per 128-key block (the mask's block_kv) walks the 64-row query tiles of its column (the workspace's
-  // row tile), two tiles in flight.
+  // Above head dim 128 the dK and dV accumulators of 64 keys by the whole head dim no longer fit one
+  // warpgroup's registers, so the CTA takes 64 keys (half a 128-key mask block) and its two consumer
+  // warpgroups split the query rows of S^T / dP^T and the head dim of dK / dV; P^T and dS^T then reach the
+  // dK / dV GEMMs through shared memory, and the tile's dQ is staged in its own Q / dO stage, which no longer
+  // leaves room for a separate dQ block.
+  static constexpr bool kWideHead = kHeadDim > 128;
+  // One CTA per 128-key mask block (64-key halves of it with kWideHead) walks the 64-row query tiles of its
+  // column (the workspace's row tile), two tiles in flight.
   static constexpr int kBlockM = 64;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kWideHead ? 64 : 128;
+  static constexpr int kMaskBlockN = 128;  // the mask's block_kv (tuning::bwd_takes_sm90)
   static constexpr int kStages = 2;
   static_assert(kBlockM == bwd::kRowTile, "the workspace pads rows to the backward's tile");
-  // Warpgroup 0 produces (TMA and the walk, one warp busy); warpgroups 1 and 2 consume 64 keys each.
-  static constexpr int kConsumerWGs = kBlockN / 64;
+  // Warpgroup 0 produces (TMA and the walk, one warp busy); warpgroups 1 and 2 consume.
+  static constexpr int kConsumerWGs = 2;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs), "setmaxnreg split exceeds the launch");
 
-  // S^T = K Q^T and dP^T = V dO^T: [kBlockN keys, kBlockM rows], both operands K-major (head dim contiguous).
+  // S^T = K Q^T and dP^T = V dO^T: [kBlockN keys, kBlockM rows], both operands K-major (head dim contiguous);
+  // the warpgroups take 64 keys each, or with kWideHead half the rows each.
+  using SdpWGs = conditional_t<kWideHead, Shape<_1, Int<kConsumerWGs>, _1>, Shape<Int<kConsumerWGs>, _1, _1>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
-      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
-  // dV += P^T dO and dK += dS^T Q: [kBlockN, kHeadDim] over the tile's rows; P^T / dS^T straight from the S^T
-  // accumulator registers, dO^T / Q^T as MN-major views of the row tiles.
-  using TiledMmaDKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kWideHead ? kBlockM / kConsumerWGs : kBlockM>, Int<kHeadDim>>>(),
+      Layout<SdpWGs>{}));
+  // dV += P^T dO and dK += dS^T Q: [kBlockN, kHeadDim] over the tile's rows, dO^T / Q^T as MN-major views of
+  // the row tiles. P^T / dS^T come straight from the S^T accumulator registers (each warpgroup its 64 keys),
+  // or with kWideHead from shared memory (each warpgroup a head-dim half over all the tile's rows).
+  using TiledMmaDKV = conditional_t<
+      kWideHead,
+      decltype(make_tiled_mma(
+          GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kConsumerWGs>, Int<kBlockM>>,
+                               GMMA::Major::K, GMMA::Major::MN>(),
+          Layout<Shape<_1, Int<kConsumerWGs>, _1>>{})),
+      decltype(make_tiled_mma(
+          GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                               GMMA::Major::MN>(),
+          Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}))>;
   // dQ = dS K: [kBlockM, kHeadDim] over the CTA's keys, one head-dim half per consumer warpgroup; dS from
   // shared memory with the rows contiguous, K seen as K^T [kHeadDim, kBlockN].
   using TiledMmaDQ = decltype(make_tiled_mma(
@@ -59,23 +76,35 @@ struct BwdTraits {
                                              Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
                                               Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
-  // dS [kBlockM, kBlockN] with the rows contiguous (the A operand of dQ), and the view dS^T [kBlockN, kBlockM]
-  // that the S^T-shaped registers are stored through.
+  // dS [kBlockM, kBlockN] with the rows contiguous (the A operand of dQ), and dS^T [kBlockN, kBlockM] over the
+  // same bytes as a K-major layout: the view the S^T-shaped registers are stored through and, with kWideHead,
+  // the A operand of dK. P^T takes the same layout (kWideHead only).
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
                                               Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  using SmemLayoutdSt = decltype(composition(
-      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
-  // The tile's dQ in fp32 as the consumer threads hold it (bwd_dq.cuh): one contiguous block of
-  // kBlockM * kHeadDim floats, added to the workspace by a single bulk reduction.
+  using SmemLayoutdSt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  // The tile's dQ in fp32 as the consumer threads hold it (bwd_dq.cuh): kBlockM * kHeadDim floats in two
+  // halves, each added to the workspace by one bulk reduction. Without kWideHead both halves are one block of
+  // their own; with it the first half overwrites the stage's Q tile and the second its dO tile (each exactly
+  // half of the dQ bytes), once every GEMM of the tile is done with them.
   static constexpr int kDqFloats = kBlockM * kHeadDim;
+  static constexpr int kDqHalfFloats = kDqFloats / 2;
+  static_assert(!kWideHead || kDqHalfFloats * sizeof(float) == kBlockM * kHeadDim * sizeof(Element),
+                "a dQ half fills one row tile of Q or dO");
 
+  struct PtBlock {  // kWideHead: P^T for the dV GEMM
+    alignas(1024) Element pt[cosize_v<SmemLayoutdSt>];
+  };
+  struct DqBlock {  // otherwise: the tile's dQ
+    alignas(128) float dq[kDqFloats];
+  };
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
     alignas(1024) Element k[cosize_v<SmemLayoutK>];  // reused for dK in the epilogue
     alignas(1024) Element v[cosize_v<SmemLayoutK>];  // reused for dV in the epilogue
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
-    alignas(128) float dq[kDqFloats];
+    conditional_t<kWideHead, PtBlock, DqBlock> pt_or_dq;
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) int q_ids[kStages][2 * kBlockM];  // [doc, grp] of the tile's rows (token rule)
