@@ -38,9 +38,10 @@ __forceinline__ __device__ void store_dq_slots(const Acc& acc, float* lo, float*
   }
 }
 
-// grid (B * Hq, q_pad / kBlockM), kConsumerThreads threads: dq[b, h, i, :] = Element(scale * dQ) for i < q_len,
-// thread c converting the values consumer thread c held in the main kernel (their (row, col) from the same
-// partition of the same tiled MMA).
+// grid (B * Hq, q_pad / kBlockM), kConsumerThreads threads: dq[b, h, i, :] = Element(scale * dQ) for i < q_len.
+// Thread c converts the values consumer thread c held in the main kernel (their (row, col) from the same partition
+// of the same tiled MMA) into a row-major smem tile, whose rows are then stored as 16-byte vectors: a fragment's
+// pairs would write 16 bytes into each of 8 rows per warp store, half of every 32-byte sector.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads) bwd_convert_dq_kernel(
     const __grid_constant__ OmniBwdParams p, const bwd::Workspace ws) {
@@ -48,29 +49,39 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) bwd_convert_dq_kerne
   using Element = typename Traits::Element;
   using Slots = DqSlots<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kRowStride = kHeadDim + 8;  // 16 bytes of padding: the 8 rows of one fragment store hit distinct banks
+  constexpr int kRowVecs = kHeadDim / 8;    // 16-byte vectors per row
+  __shared__ __align__(16) Element rows_s[kBlockM * kRowStride];
   const int ctid = threadIdx.x;
   const int bh = blockIdx.x;
   const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
   const int m0 = blockIdx.y * kBlockM;
-  const float* tile = ws.dq_accum + (int64_t(bh) * ws.q_pad + m0) * Traits::kHeadDim;
+  const float* tile = ws.dq_accum + (int64_t(bh) * ws.q_pad + m0) * kHeadDim;
   const Tensor c = typename Traits::TiledMmaDQ{}.get_thread_slice(ctid).partition_C(
-      make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
-  Element* dq = static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;
+      make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   CUTE_UNROLL
   for (int j = 0; j < Slots::kVecs; ++j) {
     const float4 v = *reinterpret_cast<const float4*>(tile + Slots::slot(j, ctid));
     const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
     CUTE_UNROLL
     for (int e = 0; e < 2; ++e) {  // values 4j + 2e, 4j + 2e + 1: neighbouring columns of one row
-      const int row = m0 + get<0>(c(4 * j + 2 * e));
-      const int col = get<1>(c(4 * j + 2 * e));
-      if (row < p.fwd.q_len) {
-        cutlass::Array<float, 2> scaled;
-        scaled[0] = pair[e][0] * p.fwd.scale;
-        scaled[1] = pair[e][1] * p.fwd.scale;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + row * p.dq.stride_s + col) =
-            cutlass::NumericArrayConverter<Element, float, 2>{}(scaled);
-      }
+      cutlass::Array<float, 2> scaled;
+      scaled[0] = pair[e][0] * p.fwd.scale;
+      scaled[1] = pair[e][1] * p.fwd.scale;
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(rows_s + get<0>(c(4 * j + 2 * e)) * kRowStride +
+                                                      get<1>(c(4 * j + 2 * e))) =
+          cutlass::NumericArrayConverter<Element, float, 2>{}(scaled);
+    }
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;
+  CUTE_UNROLL
+  for (int i = ctid; i < kBlockM * kRowVecs; i += Traits::kConsumerThreads) {
+    const int row = i / kRowVecs, vec = i % kRowVecs;
+    if (m0 + row < p.fwd.q_len) {
+      *reinterpret_cast<uint4*>(dq + (m0 + row) * p.dq.stride_s + vec * 8) =
+          *reinterpret_cast<const uint4*>(rows_s + row * kRowStride + vec * 8);
     }
   }
 #endif
