@@ -139,6 +139,33 @@ def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, d
 
 
 @GPU
+@pytest.mark.parametrize("dim", (200, 256))
+@pytest.mark.parametrize("q_len, kv_len, kind", [(1, 1000, "causal"), (3, 1031, "causal"), (2, 129, "full")])
+def test_decoding_sized_calls_above_the_decode_kernels_head_dims_match_the_definition(q_len, kv_len, kind, dim,
+                                                                                      monkeypatch):
+    """The split-KV decode kernel is built up to head dim 128; a decoding step at 256 (Gemma 2 / 3) or 200 runs the
+    forward kernel, over poisoned outputs, with the bound of the test above."""
+    monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(q_len * 7 + kv_len)
+    q = torch.randn(2, 8, q_len, dim, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(2, 4, kv_len, dim, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    mask = OmniBlockMask.causal(q_len, kv_len) if kind == "causal" else OmniBlockMask.full(q_len, kv_len)
+    allowed = causal_dense(q_len, kv_len).cuda() if kind == "causal" else torch.ones(q_len, kv_len, dtype=torch.bool,
+                                                                                       device="cuda")
+    library.set_poison_outputs(True)
+    try:
+        out = omni_attention(q, k, v, mask)
+    finally:
+        library.set_poison_outputs(False)
+    gold, _ = naive_attention(q.double(), k.double(), v.double(), allowed, dim ** -0.5)
+    monkeypatch.setenv("OMNI_HF_BACKEND", "reference")
+    same_dtype = omni_attention(q, k, v, mask)
+    err, bound = _rel(out, gold), ROUNDINGS_BOUND * _rel(same_dtype, gold)
+    print(f"D={dim} q_len={q_len}: relative error {err:.2e}, same-dtype reference {bound / ROUNDINGS_BOUND:.2e}")
+    assert torch.isfinite(out).all() and err <= bound, f"relative error {err:.2e} > {bound:.2e}"
+
+
+@GPU
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 def test_no_half_precision_call_the_kernels_can_take_reaches_the_reference(dtype, monkeypatch):
     def refuse(*args, **kwargs):
