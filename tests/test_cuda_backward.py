@@ -100,40 +100,39 @@ def _token_ids(batch, kv_len, *, seed) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _gold_and_reference(dout, q, k, v, mask, scale, softcap):
-    """(float64 gradients, same-dtype reference gradients, out, lse of the same-dtype reference forward)."""
+    """(float64 gradients, float64 lse, same-dtype reference gradients, out, lse of the same-dtype reference
+    forward)."""
     up = [t.double() for t in (dout, q, k, v)]
     out64, lse64 = reference.attention_forward(*up[1:], mask, scale, softcap)
     gold = reference.attention_backward(up[0], *up[1:], out64, lse64, mask, scale, softcap)
     out, lse = reference.attention_forward(q, k, v, mask, scale, softcap)
     ref = reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap)
-    return gold, ref, out, lse
+    return gold, lse64, ref, out, lse
 
 
-def _structural_zeros(mask: OmniBlockMask, batch: int, heads_q: int, heads_kv: int):
-    """Rows of dq with no allowed key, and rows of dk / dv whose key no query of the group sees: their
-    gradients are exactly zero by the mask's structure (a single allowed key also gives a zero gradient
-    mathematically, but only up to rounding)."""
-    dense = mask.to_dense("cuda").expand(batch, heads_q, -1, -1)
+def _structural_zeros(allowed: torch.Tensor, batch: int, heads_q: int, heads_kv: int):
+    """Rows of dq with no allowed key, and rows of dk / dv whose key no query of the group sees (``allowed``: the
+    mask as a dense bool tensor): their gradients are exactly zero by the mask's structure (a single allowed key
+    also gives a zero gradient mathematically, but only up to rounding)."""
+    dense = allowed.expand(batch, heads_q, -1, -1)
     no_key = ~dense.any(-1)
     no_query = ~dense.unflatten(1, (heads_kv, heads_q // heads_kv)).any(2).any(-2)
     return no_key, no_query, no_query
 
 
-def _rounding_floor(dout, q, k, v, mask, scale, softcap) -> tuple[float, float, float]:
+def _rounding_floor(dout, q, k, v, allowed, scale, softcap, lse) -> tuple[float, float, float]:
     """||floor|| of dq, dk, dv: the fp32 rounding of dS = P (dP - D) where dP = dO.v and D = dO.o are summed
     separately over the head dim (n products each, error up to n * 2^-24 * |dO|.|v| apiece, the standard bound of
     a dot product), carried into dq = scale * dS k and dk = scale * dS^T q through |k| and |q| (the softcap's
-    derivative is at most 1). dv = P^T dO has no such cancellation: 0."""
-    up = [t.double() for t in (dout, q, k, v)]
-    dout64, q64, k64, v64 = up
+    derivative is at most 1). dv = P^T dO has no such cancellation: 0. allowed: the dense mask; lse: the float64
+    forward's."""
+    dout64, q64, k64, v64 = (t.double() for t in (dout, q, k, v))
     group = q.shape[1] // k.shape[1]
     k_e, v_e = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
-    _, lse = reference.attention_forward(q64, k64, v64, mask, scale, softcap)
     t = scale * q64 @ k_e.transpose(-1, -2)
     if softcap:
         t = softcap * torch.tanh(t / softcap)
-    allowed = mask.to_dense("cuda").expand_as(t)
-    p = torch.where(allowed, torch.exp(t - lse[..., None]), torch.zeros((), dtype=t.dtype, device=t.device))
+    p = torch.where(allowed.expand_as(t), torch.exp(t - lse[..., None]), torch.zeros((), dtype=t.dtype, device=t.device))
     e = p * (dout64.abs() @ v_e.abs().transpose(-1, -2)) * 2 * q.shape[-1] * 2.0**-24
     dq_floor = scale * e @ k_e.abs()
     dk_floor = (scale * e.transpose(-1, -2) @ q64.abs()).unflatten(1, (k.shape[1], group)).sum(2)
@@ -154,10 +153,11 @@ def _assert_gradients(got, gold, ref, zeros, floors):
 def _check(dout, q, k, v, mask, *, scale=None, softcap=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = mask.to("cuda")
-    gold, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, softcap)
+    gold, lse64, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, softcap)
     got = library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), scale, softcap)
-    _assert_gradients(got, gold, ref, _structural_zeros(mask, q.shape[0], q.shape[1], k.shape[1]),
-                      _rounding_floor(dout, q, k, v, mask, scale, softcap))
+    allowed = mask.to_dense("cuda")
+    _assert_gradients(got, gold, ref, _structural_zeros(allowed, q.shape[0], q.shape[1], k.shape[1]),
+                      _rounding_floor(dout, q, k, v, allowed, scale, softcap, lse64))
 
 
 # ---------------------------------------------------------------------------------------------- tests
