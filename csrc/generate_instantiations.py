@@ -25,6 +25,7 @@ DIRECTIONS = {"fwd": "forward", "bwd": "backward"}
 DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 HEAD_DIMS = {
     64: ("sm80", "sm90", "decode"),
+    96: ("sm80", "sm90", "decode"),
     128: ("sm80", "sm90", "decode"),
     256: ("sm80", "sm90"),
 }

@@ -38,6 +38,7 @@ def cases():
     yield OmniBlockMask.causal(1, 333), 1, 333, 128, 2, 2, None
     # The decode path (at most 16 query rows per KV head): split keys with a merge, a window, softcap, empty rows.
     yield OmniBlockMask.causal(1, 2049), 1, 2049, 128, 8, 2, None
+    yield OmniBlockMask.causal(2, 2049), 2, 2049, 96, 8, 2, None
     yield OmniBlockMask.causal(3, 1031, window=50), 3, 1031, 64, 20, 4, 5.0
     yield OmniBlockMask.full(2, 517), 2, 517, 64, 16, 2, None
     yield OmniBlockMask.causal(4, 2), 4, 2, 128, 4, 1, None

@@ -82,7 +82,7 @@ def random_block_dense(batch, heads, q_len, kv_len, block_q, block_kv, seed) -> 
 
 
 @pytest.mark.parametrize("blocks", BLOCKS)
-@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dim", (64, 96, 128))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_random_mixture_of_every_block_type(dtype, dim, blocks):
     block_q, block_kv = blocks
@@ -97,7 +97,7 @@ def test_random_mixture_of_every_block_type(dtype, dim, blocks):
 
 
 @pytest.mark.parametrize("blocks", BLOCKS)
-@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dim", (64, 96, 128))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_token_rule_packed_interleaved_documents(dtype, dim, blocks):
     block_q, block_kv = blocks
@@ -166,7 +166,7 @@ def test_strided_bshd_inputs_are_read_in_place_and_out_keeps_their_layout(dtype,
     assert out.transpose(1, 2).is_contiguous()  # Transformers' transpose back to [B, S, H, D] copies nothing
 
 
-@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dim", (64, 96, 128))
 def test_more_query_blocks_than_multiprocessors(dim):
     """512 CTAs of 128 query rows: several waves on any GPU, with mixed tile kinds."""
     doc, grp = packed_vlm_ids(2, 2000, seed=13, device="cuda")
@@ -260,12 +260,12 @@ def test_token_ids_broadcast_over_the_batch():
 
 
 def test_uninstantiated_head_dim_runs_zero_extended_and_the_library_names_the_check():
-    """The op runs head dim 96 on the 128 kernel (tests/test_head_dims.py checks its values); the library itself,
-    handed 96, names the check; above the largest instantiation the op reports why the kernels cannot run."""
+    """The op runs head dim 80 on the 96 kernel (tests/test_head_dims.py checks its values); the library itself,
+    handed 80, names the check; above the largest instantiation the op reports why the kernels cannot run."""
     mask = OmniBlockMask.causal(64)
-    q, k, v = _qkv(1, 1, 1, 64, 64, 96, torch.bfloat16, seed=14)
-    assert library.unsupported_reason(q, mask.as_tuple()[1]) is None and library.kernel_head_dim(96) == 128
-    with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=96"):
+    q, k, v = _qkv(1, 1, 1, 64, 64, 80, torch.bfloat16, seed=14)
+    assert library.unsupported_reason(q, mask.as_tuple()[1]) is None and library.kernel_head_dim(80) == 96
+    with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=80"):
         library.forward(q, k, v, *mask.as_tuple(), 0.1, None)
     wide = torch.empty(1, 1, 64, library.HEAD_DIMS[-1] + 8, device="cuda", dtype=torch.bfloat16)
     assert f"head dim {wide.shape[-1]}" in library.unsupported_reason(wide, mask.as_tuple()[1])
@@ -294,7 +294,7 @@ def test_implicit_causal_mask_with_windows_matches_reference(blocks, q_len, kv_l
 
 
 @pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 2049), (700, 300), (1000, 1000), (129, 4100)])
-@pytest.mark.parametrize("dim", (64, 128))
+@pytest.mark.parametrize("dim", (64, 96, 128))
 def test_implicit_full_mask_matches_reference(q_len, kv_len, dim):
     mask = OmniBlockMask.full(q_len, kv_len)
     q, k, v = _qkv(2, 4, 4, q_len, kv_len, dim, torch.float16, seed=q_len * 3 + kv_len)
@@ -322,18 +322,18 @@ def _cta_rows(kernel_name: str) -> int:
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
 @pytest.mark.parametrize("mask_kind", ("token_rule", "causal", "block_mixture"))
-@pytest.mark.parametrize("dim", (64, 128, 256))
+@pytest.mark.parametrize("dim", (64, 96, 128, 256))
 @pytest.mark.parametrize("extra_head", (0, 1))
 def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, mask_kind, extra_head):
     """128-row mask blocks run as two 64-row CTAs while all of them fit on the GPU at once (two per
-    multiprocessor at head dim 64, launched in the folded order; one at 128 and 256); one head more crosses to
+    multiprocessor at head dims 64 and 96, launched in the folded order; one at 128 and 256); one head more crosses to
     128-row CTAs (at 256: one item each, O staged in Q's buffer, 64-key tiles walking each mask block as two halves,
     pool rows staged from the half's columns). Two batch rows, so the launch order's ranks span batch and heads.
     Both match the reference."""
     if kernel_path != "sm90":
         pytest.skip("the CTA height is the sm_90a kernel's")
     batch, q_len = 2, 1000  # 16 tiles of 64 rows, 8 blocks of 128 per batch row and head
-    ctas_at_once = torch.cuda.get_device_properties(0).multi_processor_count * (2 if dim == 64 else 1)
+    ctas_at_once = torch.cuda.get_device_properties(0).multi_processor_count * (2 if dim <= 96 else 1)
     heads = ctas_at_once // (batch * 16) + extra_head
     dense = None
     if mask_kind == "token_rule":

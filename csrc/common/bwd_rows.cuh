@@ -1,7 +1,7 @@
 // The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
 // base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
 // Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
-// by kHeadDim / 8 consecutive lanes. Both kernel families launch the preprocess (launch_preprocess); the
+// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96). Both kernel families launch the preprocess (launch_preprocess); the
 // conversion is sm_80's (the sm_90a accumulator has its own layout, sm90/bwd_dq.cuh).
 #pragma once
 #include <cuda_runtime.h>
@@ -17,10 +17,13 @@ constexpr int kRowThreads = 256;
 
 template <int kHeadDim>
 struct RowLanes {
-  static constexpr int kVec = 8;                              // elements per 16-byte vector of fp16 / bf16
-  static constexpr int kPerRow = kHeadDim / kVec;             // lanes sharing a row (8 or 16)
-  static constexpr int kRowsPerPass = kRowThreads / kPerRow;  // rows a CTA covers per pass
-  static_assert(32 % kPerRow == 0, "a row's lanes stay inside one warp");
+  static constexpr int kVec = 8;  // elements per 16-byte vector of fp16 / bf16
+  static constexpr int kVecs = kHeadDim / kVec;
+  static constexpr int kPerRow = kVecs <= 8 ? 8 : kVecs <= 16 ? 16 : 32;  // lanes sharing a row
+  static constexpr int kRowsPerPass = kRowThreads / kPerRow;            // rows a CTA covers per pass
+  static_assert(kHeadDim % kVec == 0 && kVecs <= 32, "a row's lanes stay inside one warp");
+  // The first column of this thread's vector; kHeadDim or more for the idle lanes.
+  __device__ static int col() { return (threadIdx.x % kPerRow) * kVec; }
 };
 
 // grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
@@ -33,12 +36,12 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
   const OmniFwdParams& f = p.fwd;
   const int bh = blockIdx.x;
   const int b = bh / f.heads_q, h = bh % f.heads_q;
-  const int col = (threadIdx.x % Lanes::kPerRow) * Lanes::kVec;
+  const int col = Lanes::col();
   cutlass::NumericArrayConverter<float, Element, Lanes::kVec> to_float;
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;
     float dot = 0.f;
-    if (i < f.q_len) {
+    if (i < f.q_len && col < kHeadDim) {
       const auto dout = to_float(*reinterpret_cast<const Vec*>(
           static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b + h * p.dout.stride_h + i * p.dout.stride_s + col));
       const auto out = to_float(*reinterpret_cast<const Vec*>(
@@ -49,9 +52,11 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
     CUTLASS_PRAGMA_UNROLL
     for (int lane = Lanes::kPerRow / 2; lane > 0; lane /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lane);
     const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
-    float4* acc = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + col);
-    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (col < kHeadDim) {
+      float4* acc = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + col);
+      acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     if (col == 0) {
       const float lse = i < f.q_len ? f.lse[static_cast<int64_t>(bh) * f.q_len + i] : -INFINITY;
       ws.dsum[row] = dot;
@@ -68,7 +73,8 @@ __global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __gri
   using Lanes = RowLanes<kHeadDim>;
   const int bh = blockIdx.x;
   const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
-  const int col = (threadIdx.x % Lanes::kPerRow) * Lanes::kVec;
+  const int col = Lanes::col();
+  if (col >= kHeadDim) return;
   cutlass::NumericArrayConverter<Element, float, Lanes::kVec> to_element;
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;

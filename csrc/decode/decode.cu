@@ -4,7 +4,8 @@
 // (row r is query i = r / group of head hk * group + r % group) against one slice of the keys, 128 keys per step:
 //   scores   thread t takes key t of the step and dots it with every row (q in shared memory, fp32);
 //   softmax  per-row running max over the steps (base 2, as softmax.cuh), probabilities to shared memory;
-//   P.V      thread t takes the column pair t % (D/2) for the keys t / (D/2) + k * (256 / D) of the step.
+//   P.V      thread t takes the column pair t % L for the keys t / L + k * (128 / L) of the step, L being D / 2
+//            rounded up to a power of two (the last 16 of 64 lanes idle at D = 96).
 // All the global loads of a step (a K row and a V column pair per thread) are issued together at its start.
 // Each slice ends with its rows normalised by their own sums: written as the output when the keys are not split,
 // else as fp32 partials that merge_slices (decode/split_kv.cuh) combines.
@@ -48,6 +49,9 @@ __device__ float warp_max(float x) {
   return x;
 }
 
+// Lanes that share the P.V phase's column pairs of one key group: kPairs rounded up to a power of two.
+constexpr int pair_lanes(int pairs) { return pairs <= 1 ? 1 : 2 * pair_lanes((pairs + 1) / 2); }
+
 // Row r of the CTA: its query head and query index.
 struct Row {
   int head, query;
@@ -58,10 +62,11 @@ template <bool kBf16, int kDim, int kRows>
 __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   using T = Half<kBf16>;
   using T2 = Half2<kBf16>;
-  constexpr int kPairs = kDim / 2;              // column pairs of the P.V phase
-  constexpr int kKeyGroups = kThreads / kPairs;  // keys of a step taken at once in the P.V phase
+  constexpr int kPairs = kDim / 2;                        // column pairs of the P.V phase
+  constexpr int kPairLanes = pair_lanes(kPairs);            // threads per key group, kPairs of them busy
+  constexpr int kKeyGroups = kThreads / kPairLanes;         // keys of a step taken at once in the P.V phase
   constexpr int kKeysPerThread = kStepKeys / kKeyGroups;
-  static_assert(kThreads % kPairs == 0, "the P.V phase gives each thread one column pair of one key group");
+  static_assert(kThreads % kPairLanes == 0, "the P.V phase gives each thread one column pair of one key group");
   const OmniFwdParams& p = sp.p;
   const int slice = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int rows = p.q_len * sp.group;
@@ -92,7 +97,8 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   const T* k_head = static_cast<const T*>(p.k.ptr) + b * p.k.stride_b + hk * p.k.stride_h;
   const T* v_head = static_cast<const T*>(p.v.ptr) + b * p.v.stride_b + hk * p.v.stride_h;
   const int offset = p.kv_len - p.q_len;  // bottom-right alignment
-  const int pair = tid % kPairs, key_group = tid / kPairs;
+  const int pair = tid % kPairLanes, key_group = tid / kPairLanes;
+  const bool has_pair = pair < kPairs;
   float acc[kRows][2] = {};
   float sum[kRows] = {};
 
@@ -113,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
 #pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int jj = key_group + i * kKeyGroups;
-      v_pair[i] = jj < step_keys ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
+      v_pair[i] = has_pair && jj < step_keys ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
                                  : T2(T(0.f), T(0.f));
     }
     __syncthreads();  // q_s written / the previous step's p_s and row_max_s read
@@ -183,8 +189,10 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   // Add up the key groups.
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    acc_s[key_group][r][2 * pair] = acc[r][0];
-    acc_s[key_group][r][2 * pair + 1] = acc[r][1];
+    if (has_pair) {
+      acc_s[key_group][r][2 * pair] = acc[r][0];
+      acc_s[key_group][r][2 * pair + 1] = acc[r][1];
+    }
   }
   if (pair == 0) {
 #pragma unroll

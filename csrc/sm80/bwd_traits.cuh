@@ -19,7 +19,7 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using Base::kNThreads;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = kBlockN_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 96, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "block_kv 64 or 128");
 
   using MmaAtom = typename Sm80Mma<Element>::Atom;
@@ -27,8 +27,10 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using TiledMmaSdP = TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>;
   // dV = P^T dO and dK = dS^T Q, [kBlockN, kHeadDim]: 4 warps along N x 2 along D.
   using TiledMmaDKV = TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>;
-  // dQ = dS K, [kBlockM, kHeadDim]: 2 warps along M x 4 along D.
-  using TiledMmaDQ = TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>;
+  // dQ = dS K, [kBlockM, kHeadDim]: 2 warps along M x 4 along D; at head dim 96, which is not whole 64-column
+  // tiles (each warp reads 16 columns of K^T per ldmatrix.x4), 4 along M x 2 along D.
+  using TiledMmaDQ = conditional_t<kHeadDim % 64 == 0, TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>,
+                                   TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>>;
 
   using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // Q, dO   [kBlockM, D]
   using SmemLayoutK = typename Base::template SmemLayoutRows<kBlockN>;   // K, V    [kBlockN, D]

@@ -20,24 +20,29 @@ struct Sm80Mma<cutlass::bfloat16_t> {
   using Atom = MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>;
 };
 
-// Pieces every sm_80 attention kernel shares: a warp-row tiled MMA, the 128-byte swizzled smem atom
-// (conflict-free for cp.async writes and ldmatrix reads), and 16-byte gmem copies.
+// Pieces every sm_80 attention kernel shares: a warp-row tiled MMA, the swizzled smem atoms (conflict-free for
+// cp.async writes and ldmatrix reads), and 16-byte gmem copies.
 template <typename Element_, int kHeadDim_, int kNWarps_>
 struct Sm80Base {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64");
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
 
   // Warps stacked along M; each MMA atom covers 16 rows, so a warp owns rows w*16 + 16*kNWarps*i.
   using TiledMma = TiledMMA<typename Sm80Mma<Element>::Atom, Layout<Shape<Int<kNWarps>, _1, _1>>,
                             Tile<Int<16 * kNWarps>, _16, _16>>;
 
-  // 8 rows of 64 elements (128 bytes): Swizzle<3,3,3> permutes the eight 16-byte chunks of a row by row.
-  static constexpr int kSmemRowElems = 64;
+  // 8 rows of 64 elements (128 bytes): Swizzle<3,3,3> permutes the eight 16-byte chunks of a row by row. A
+  // [rows, kHeadDim] tile takes it where it divides the head dim, else (head dim 96) the same of 32 elements
+  // (64 bytes), whose four chunks Swizzle<2,3,3> permutes.
   using SmemLayoutAtom =
-      decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, Int<kSmemRowElems>>, Stride<Int<kSmemRowElems>, _1>>{}));
+      decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  using SmemLayoutAtomHeadDim = conditional_t<
+      kSmemRowElems == 64, SmemLayoutAtom,
+      decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}))>;
 
   // ldmatrix: x4 for row-major operands, x4.trans to read V as the B operand of P.V.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
@@ -45,7 +50,7 @@ struct Sm80Base {
   // Accumulator fragments (converted to Element) into smem for the epilogue.
   using SmemCopyAtomAcc = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
 
-  // gmem tiles move 16 bytes per thread per copy; a 64-element row chunk takes 8 threads.
+  // gmem tiles move 16 bytes per thread per copy; a row chunk of one atom takes 8 (or 4) threads.
   static constexpr int kGmemThreadsPerRow = kSmemRowElems / 8;
   using GmemThreadLayout = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
                                   Stride<Int<kGmemThreadsPerRow>, _1>>;
@@ -57,7 +62,7 @@ struct Sm80Base {
 
   // A [rows, kHeadDim] tile in smem.
   template <int kRows>
-  using SmemLayoutRows = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kRows>, Int<kHeadDim>>{}));
+  using SmemLayoutRows = decltype(tile_to_shape(SmemLayoutAtomHeadDim{}, Shape<Int<kRows>, Int<kHeadDim>>{}));
 };
 
 // The forward: a CTA owns kBlockM query rows (= the mask's block_q) and walks kBlockN-key tiles.

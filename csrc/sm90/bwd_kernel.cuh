@@ -11,9 +11,12 @@
 //       P^T = exp2(t * mul - lse2) masked by the tile kind (FULL tiles run no mask code)
 //       dV += P^T dO                          (in flight while dS is computed)
 //       dS^T = P^T (dP^T - D), dK += dS^T Q
-//       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half)
+//       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half,
+//                                              or at head dim 96 its own keys, kDqSplitKeys)
 //     and the tile's dQ goes through smem into the fp32 workspace, in the threads' order (bwd_dq.cuh), by bulk
-//     reductions (cp.reduce.async.bulk .add.f32) that drain while the next tile computes.
+//     reductions (cp.reduce.async.bulk .add.f32) that drain while the next tile computes. With kDqSplitKeys,
+//     warpgroup 1 leaves its partial dQ in smem and goes on to the next tile while warpgroup 0 adds it to its
+//     own and reduces the sum.
 // Above head dim 128 (Traits::kWideHead) a CTA takes 64 keys, half a mask block: the consumers split the tile's
 // query rows for S^T / dP^T and the head dim for dK / dV, so P^T and dS^T both go through smem before dV and
 // dK, which run beside dQ; the tile's dQ is staged in the tile's own Q / dO stage, which goes back to the
@@ -61,9 +64,10 @@ struct BwdParams {
 
 // Named barriers of the consumer warpgroups (0 is __syncthreads).
 constexpr int kDsReadyBarrier = 1;   // both halves of dS^T are in smem; the previous dQ left smem
-constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem; both dQ GEMMs are done with dS
+constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem (its kDqThreads); both dQ GEMMs are done with dS
 constexpr int kEpilogueBarrier = 3;  // every GEMM is done with K and V, whose smem takes dK and dV
 constexpr int kStageDoneBarrier = 4;  // kWideHead: every GEMM of the tile is done with its Q / dO stage
+constexpr int kDqPartialBarrier = 5;  // kDqSplitKeys: warpgroup 1's partial dQ is in smem, both dQ GEMMs are done
 
 // 1-D bulk copy of `bytes` (a multiple of 16) from global to shared memory, completing on `bar`.
 __forceinline__ __device__ void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* bar) {
@@ -228,7 +232,9 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   typename Traits::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(ctid);
+  // With kDqSplitKeys each warpgroup runs the dQ GEMM of its keys (dq_keys) as its own thread slice.
+  const int dq_keys = Traits::kDqSplitKeys ? ctid / 128 : 0;
+  auto thr_dq = mma_dq.get_thread_slice(Traits::kDqSplitKeys ? ctid % 128 : ctid);
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQt{});
@@ -240,15 +246,18 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor sdSt = make_tensor(make_smem_ptr(s.ds), typename Traits::SmemLayoutdSt{});
 
   // Operands: S^T / dP^T read K / V and the stage's Q / dO; dV / dK read P^T / dS^T (dkv_operands_a) and the
-  // stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T.
+  // stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T, or with kDqSplitKeys the columns
+  // of its own keys of both.
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
   Tensor tKVrQt = thr_dkv.partition_fragment_B(sQt);
   Tensor tKVrdOt = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor tQrdS = thr_dq.partition_fragment_A(
+      local_tile(sdS, Shape<Int<kBlockM>, Int<Traits::kDqKeys>>{}, make_coord(_0{}, dq_keys)));
+  Tensor tQrKt = thr_dq.partition_fragment_B(
+      local_tile(sKt, Shape<Int<kHeadDim>, Int<Traits::kDqKeys>>{}, make_coord(_0{}, dq_keys)));
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -336,7 +345,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);
     }
 
-    // dQ = dS K for this warpgroup's head-dim half, then into the workspace.
+    // dQ = dS K for this warpgroup's head-dim half (or keys), then into the workspace.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     gemm_issue<true>(mma_dq, tQrdS, tQrKt, acc_dq);
     gemm_wait<0>(acc_dq);
@@ -354,9 +363,19 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       dq_lo = s.pt_or_dq.dq;
       dq_hi = dq_lo + Traits::kDqHalfFloats;
     }
-    store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid);
+    if (Traits::kDqSplitKeys && dq_keys == 1) {  // the previous tile's reductions are done with the block (DsReady)
+      store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid % 128);
+      named_barrier_sync(kDqPartialBarrier, kThreads);  // then on to the next tile while warpgroup 0 reduces
+      continue;
+    }
+    if constexpr (Traits::kDqSplitKeys) {
+      named_barrier_sync(kDqPartialBarrier, kThreads);
+      store_dq_slots<Traits, true>(acc_dq, dq_lo, dq_hi, ctid);
+    } else {
+      store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid);
+    }
     tma_store_fence();
-    named_barrier_sync(kDqReadyBarrier, kThreads);
+    named_barrier_sync(kDqReadyBarrier, Traits::kDqThreads);
     if (reduces) {
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
       bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
@@ -379,7 +398,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   copy(rdV, thr_dkv.partition_C(sV));
   named_barrier_sync(kEpilogueBarrier, kThreads);
 
-  using StoreThreads = Layout<Shape<Int<kThreads / (kHeadDim / 8)>, Int<kHeadDim / 8>>, Stride<Int<kHeadDim / 8>, _1>>;
+  constexpr int kPerRow = row_vector_threads<kHeadDim, 32>();
+  using StoreThreads = Layout<Shape<Int<kThreads / kPerRow>, Int<kPerRow>>, Stride<Int<kPerRow>, _1>>;
   auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
                                   Layout<Shape<_1, _8>>{});
   auto store_thr = store_op.get_thread_slice(ctid);

@@ -32,7 +32,7 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(f.stream)>>>(params);
   if (int s = check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch")) return s;
   const dim3 rows_grid(f.batch * f.heads_q, static_cast<unsigned>(ws.q_pad / Traits::kBlockM));
-  bwd_convert_dq_kernel<Traits><<<rows_grid, Traits::kConsumerThreads, 0, static_cast<cudaStream_t>(f.stream)>>>(p, ws);
+  bwd_convert_dq_kernel<Traits><<<rows_grid, Traits::kDqThreads, 0, static_cast<cudaStream_t>(f.stream)>>>(p, ws);
   return check_cuda(cudaGetLastError(), "sm90 bwd_convert_dq_kernel launch");
 }
 

@@ -1,5 +1,6 @@
 // Compile-time configuration of the sm_90a backward main kernel: tile sizes, warpgroup roles, the five wgmma
-// tiled MMAs and the swizzled shared-memory layouts they read (with the transposed views over the same bytes).
+// tiled MMAs and the swizzled shared-memory layouts they read (smem_atoms.cuh; with the transposed views over the
+// same bytes).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -7,6 +8,7 @@
 #include "common/bwd_workspace.cuh"
 #include "common/bwd_walk.cuh"
 #include "sm90/reg_split.cuh"
+#include "sm90/smem_atoms.cuh"
 
 namespace omni::sm90 {
 
@@ -57,24 +59,33 @@ struct BwdTraits {
           GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                                GMMA::Major::MN>(),
           Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}))>;
-  // dQ = dS K: [kBlockM, kHeadDim] over the CTA's keys, one head-dim half per consumer warpgroup; dS from
-  // shared memory with the rows contiguous, K seen as K^T [kHeadDim, kBlockN].
+  // dQ = dS K: [kBlockM, kHeadDim] over the CTA's keys; dS from shared memory with the rows contiguous, K seen
+  // as K^T [kHeadDim, kBlockN]. Each consumer warpgroup takes a head-dim half, unless a half would start inside
+  // a swizzle atom of K^T and run past it (head dim 96: halves of 48 columns, atoms of 32), which wgmma cannot
+  // address: then each takes every column over its own 64 keys (kDqSplitKeys), and warpgroup 0 adds warpgroup
+  // 1's partial sum, passed through the dQ block, before the reduction.
+  static constexpr int kDqHalfCols = kHeadDim / kConsumerWGs;
+  static constexpr bool kDqSplitKeys =
+      kDqHalfCols % atom_cols<kHeadDim>() != 0 && atom_cols<kHeadDim>() % kDqHalfCols != 0;
+  static constexpr int kDqWGs = kDqSplitKeys ? 1 : kConsumerWGs;  // warpgroups that one dQ fragment spans
+  static constexpr int kDqThreads = 128 * kDqWGs;
+  static constexpr int kDqKeys = kDqSplitKeys ? kBlockN / kConsumerWGs : kBlockN;  // keys of one dQ GEMM
+  static_assert(!(kDqSplitKeys && kWideHead), "the wide-head layout splits dQ by head dim");
   using TiledMmaDQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kConsumerWGs>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kDqWGs>, Int<kDqKeys>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kConsumerWGs>, _1>>{}));
+      Layout<Shape<_1, Int<kDqWGs>, _1>>{}));
 
   // Q and dO row tiles [kBlockM, kHeadDim, kStages] and K, V [kBlockN, kHeadDim] as TMA writes them: rows of
-  // 64 elements (128 bytes) swizzled in 8-row atoms. The transposed views tile the MN-major atom along the
-  // rows first, which is the same bytes (as the forward's V^T).
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+  // the head dim in 8-row swizzled atoms. The transposed views tile the MN-major atom along the rows first,
+  // which is the same bytes (as the forward's V^T).
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{},
                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+  using SmemLayoutQt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
                                               Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
                                               Step<_2, _1, _3>{}));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  using SmemLayoutKt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+  using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
                                               Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
   // dS [kBlockM, kBlockN] with the rows contiguous (the A operand of dQ), and dS^T [kBlockN, kBlockM] over the
   // same bytes as a K-major layout: the view the S^T-shaped registers are stored through and, with kWideHead,
@@ -83,8 +94,8 @@ struct BwdTraits {
                                               Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutdSt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                Shape<Int<kBlockN>, Int<kBlockM>>{}));
-  // The tile's dQ in fp32 as the consumer threads hold it (bwd_dq.cuh): kBlockM * kHeadDim floats in two
-  // halves, each added to the workspace by one bulk reduction. Without kWideHead both halves are one block of
+  // The tile's dQ in fp32 as the dQ threads hold it (bwd_dq.cuh): kBlockM * kHeadDim floats in two halves,
+  // each added to the workspace by one bulk reduction. Without kWideHead both halves are one block of
   // their own; with it the first half overwrites the stage's Q tile and the second its dO tile (each exactly
   // half of the dQ bytes), once every GEMM of the tile is done with them.
   static constexpr int kDqFloats = kBlockM * kHeadDim;

@@ -269,7 +269,8 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   copy(rO, thr_pv.partition_C(sO_all));
   named_barrier_sync(kEpilogueBarrier + wg, 128);
 
-  using StoreThreads = Layout<Shape<_16, _8>, Stride<_8, _1>>;
+  constexpr int kPerRow = row_vector_threads<kHeadDim, 8>();
+  using StoreThreads = Layout<Shape<Int<128 / kPerRow>, Int<kPerRow>>, Stride<Int<kPerRow>, _1>>;
   auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
                                   Layout<Shape<_1, _8>>{});
   auto store_thr = store_op.get_thread_slice(ctid % 128);

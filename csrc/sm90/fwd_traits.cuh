@@ -1,11 +1,12 @@
 // Compile-time configuration of the sm_90a forward: tile sizes, the warpgroup roles, the wgmma tiled MMAs,
-// the 128-byte swizzled shared-memory layouts that TMA writes and wgmma reads, and the shared storage.
+// the swizzled shared-memory layouts that TMA writes and wgmma reads (smem_atoms.cuh), and the shared storage.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 #include "common/kv_tiles.cuh"
 #include "sm90/reg_split.cuh"
+#include "sm90/smem_atoms.cuh"
 
 namespace omni::sm90 {
 
@@ -46,15 +47,14 @@ struct FwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
 
-  // Rows of 64 elements (128 bytes) swizzled in 8-row atoms; a 128-element head dim takes two column halves.
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+  // Rows of the head dim in 8-row swizzled atoms of 64 (32 at head dim 96) elements, side by side.
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{},
                                              Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V is loaded exactly like K (key rows, head dim contiguous). Seen as V^T [kHeadDim, kBlockN] it is the
   // MN-major atom tiled along the keys first, which is the same bytes (fwd_traits_check in fwd_launch.cuh).
   using SmemLayoutV = SmemLayoutK;
-  using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+  using SmemLayoutVt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
                                               Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                               Step<_2, _1, _3>{}));
 
@@ -88,8 +88,8 @@ struct FwdTraits {
   static constexpr int kTileBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
 
-  // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB) run two per SM, so
-  // two consumer warpgroups share the tensor cores as in a 128-row CTA. Register split for setmaxnreg (24
+  // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB, 96: 110 KB) run two per
+  // SM, so two consumer warpgroups share the tensor cores as in a 128-row CTA. Register split for setmaxnreg (24
   // producer registers spilled its TMA coordinates): 40 * 128 + 232 * 256 of 64K for 128 rows; 40 + 216 of
   // the 128 per thread that two 256-thread CTAs get; 40 + 232 of the 256 of a lone 64-row CTA.
   static constexpr int kCtasPerSm = kBlockM == 64 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;

@@ -38,7 +38,7 @@ __all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "bac
            "output_strides", "set_poison_outputs"]
 
 ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
-HEAD_DIMS = (64, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
+HEAD_DIMS = (64, 96, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
 # Shared memory per block that the sm_80 backward needs above head dim 128 (64-key tiles of 256 columns, Q and dO
 # double-buffered): Hopper grants it, an A100 (163 KB) does not.
 _WIDE_BACKWARD_SMEM = 209 * 1024
