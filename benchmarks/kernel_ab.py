@@ -83,11 +83,11 @@ CASE_SETS: dict[str, list[Case]] = {
     # Head dim 256 (Gemma 2 / 3: 8 query / 4 KV heads) on the VLM and causal masks, and a wide grid.
     "d256": [Case(mask, length, 1, 8, 4, 256, "bfloat16") for mask in ("vlm", "causal") for length in (8192, 16384)]
     + [Case("vlm", 4096, 4, 8, 4, 256, "float16")],
-    # Vision towers' calls: every image bidirectional and alone (the implicit full mask), one per batch row, at the
-    # kernel head dim their towers run on (SigLIP's 72 and Qwen's 80 zero-extended to 128; CLIP-L's 64): Gemma 3's
-    # 896 px images (4096 patches), SigLIP at 384 px (729) and CLIP-L at 336 px (577), and one long bidirectional row.
-    "towers": [Case("full", 4096, 16, 16, 16, 128, "bfloat16"), Case("full", 729, 64, 16, 16, 128, "bfloat16"),
-               Case("full", 577, 64, 16, 16, 64, "bfloat16"), Case("full", 2304, 4, 16, 16, 128, "bfloat16"),
+    # Vision towers' calls: every image bidirectional and alone (the implicit full mask), one per batch row, at their
+    # towers' head dims (SigLIP's 72 and Qwen's 80, which the op zero-extends to 96; CLIP-L's 64): Gemma 3's 896 px
+    # images (4096 patches), SigLIP at 384 px (729) and CLIP-L at 336 px (577), and one long bidirectional row.
+    "towers": [Case("full", 4096, 16, 16, 16, 72, "bfloat16"), Case("full", 729, 64, 16, 16, 72, "bfloat16"),
+               Case("full", 577, 64, 16, 16, 64, "bfloat16"), Case("full", 2304, 4, 16, 16, 80, "bfloat16"),
                Case("full", 16384, 1, 32, 8, 128, "bfloat16")],
 }
 
