@@ -1,8 +1,9 @@
 // The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
 // base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
 // Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
-// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96). Both kernel families launch the preprocess (launch_preprocess); the
-// conversion is sm_80's (the sm_90a accumulator has its own layout, sm90/bwd_dq.cuh).
+// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96).
+// Both kernel families launch the preprocess (launch_preprocess); the conversion is sm_80's (the sm_90a
+// accumulator has its own layout, sm90/bwd_dq.cuh).
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/array.h>

@@ -29,7 +29,8 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using TiledMmaDKV = TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>;
   // dQ = dS K, [kBlockM, kHeadDim]: 2 warps along M x 4 along D; at head dim 96, which is not whole 64-column
   // tiles (each warp reads 16 columns of K^T per ldmatrix.x4), 4 along M x 2 along D.
-  using TiledMmaDQ = conditional_t<kHeadDim % 64 == 0, TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>,
+  using TiledMmaDQ = conditional_t<kHeadDim % 64 == 0,
+                                   TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>,
                                    TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>>;
 
   using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // Q, dO   [kBlockM, D]
