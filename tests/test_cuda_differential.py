@@ -1,7 +1,7 @@
 """A seeded randomized differential run of the CUDA kernels: 240 cases, each drawing its configuration
 from its seed (the test id says it): random token-rule masks (packed documents, padding, images, windows; ids of
 batch 1 broadcast now and then) and random dense masks (every block type, per-head masks, emptied rows), lengths up
-to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 128, fp16 / bf16, q_len < kv_len and q_len = 1,
+to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 96 / 128, fp16 / bf16, q_len < kv_len and q_len = 1,
 the four block-size pairs, BSHD views (what Transformers hands over) or contiguous BHSD, and on Hopper the sm_90a
 or the sm_80 kernels.
 
@@ -80,9 +80,10 @@ class Case:
         heads_kv = draw(1, 2)
         heads_q = heads_kv * (1, 4, 8)[draw(0, 2)]
         per_head = kind == "dense" and kv_len <= 2048 and draw(0, 1)  # [2, Hq, 4k, 4k] masks cost too much
-        return cls(seed=seed, kind=kind, dtype=(torch.float16, torch.bfloat16)[draw(0, 1)], dim=(64, 128)[draw(0, 1)],
-                   heads_q=heads_q, heads_kv=heads_kv, q_len=q_len, kv_len=kv_len, blocks=BLOCKS[draw(0, 3)],
-                   bshd=bool(draw(0, 1)), window=draw(1, kv_len) if kind == "token" and draw(0, 1) else None,
+        dtype, dim = (torch.float16, torch.bfloat16)[draw(0, 1)], (64, 96, 128)[draw(0, 2)]
+        return cls(seed=seed, kind=kind, dtype=dtype, dim=dim, heads_q=heads_q, heads_kv=heads_kv, q_len=q_len,
+                   kv_len=kv_len, blocks=BLOCKS[draw(0, 3)], bshd=bool(draw(0, 1)),
+                   window=draw(1, kv_len) if kind == "token" and draw(0, 1) else None,
                    ids_batch=1 if kind == "token" and draw(0, 7) == 0 else 2, mask_heads=heads_q if per_head else 1,
                    no_sm90=bool(draw(0, 1)))
 
