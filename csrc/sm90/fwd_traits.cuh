@@ -88,7 +88,7 @@ struct FwdTraits {
   static constexpr int kTileBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
 
-  // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB, 96: 110 KB) run two per
+  // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB, 96: 112 KB) run two per
   // SM, so two consumer warpgroups share the tensor cores as in a 128-row CTA. Register split for setmaxnreg (24
   // producer registers spilled its TMA coordinates): 40 * 128 + 232 * 256 of 64K for 128 rows; 40 + 216 of
   // the 128 per thread that two 256-thread CTAs get; 40 + 232 of the 256 of a lone 64-row CTA.
