@@ -77,24 +77,26 @@ __forceinline__ __device__ void token_bits(Bits& bits, const TC& c, const int* q
   }
 }
 
-// PARTIAL from the pool: `staged` is the tile's pool rows as a one-entry pool (tile_aux.cuh); columns at or
-// past col_limit hold no key. Every staged word is in bounds, so the bit is read unconditionally (`&`, not
-// `&&`): a branch per element would cost more than the load.
-template <class Bits, class TC>
-__forceinline__ __device__ void pool_bits(Bits& bits, const TC& c, const OmniMask& staged, int col_limit) {
-  bits.evaluate([&](int i) {
-    const int jj = get<1>(c(i));
-    return pool_allowed(staged, 0, get<0>(c(i)), jj) & (jj < col_limit);
-  });
+// PARTIAL from the pool: whether element i of a fragment (at c(i)) is allowed. `staged` is the tile's pool rows
+// as a one-entry pool (tile_aux.cuh); columns at or past col_limit hold no key. Every staged word is in bounds,
+// so the bit is read unconditionally (`&`, not `&&`): a branch per element would cost more than the load.
+template <class TC>
+__forceinline__ __device__ bool pool_element_allowed(const TC& c, int i, const OmniMask& staged, int col_limit) {
+  const int jj = get<1>(c(i));
+  return pool_allowed(staged, 0, get<0>(c(i)), jj) & (jj < col_limit);
 }
 
-// PARTIAL from the pool applied straight to the scores, where no accumulator is saved by evaluating first.
+template <class Bits, class TC>
+__forceinline__ __device__ void pool_bits(Bits& bits, const TC& c, const OmniMask& staged, int col_limit) {
+  bits.evaluate([&](int i) { return pool_element_allowed(c, i, staged, col_limit); });
+}
+
+// The same applied straight to the scores, where no accumulator is saved by evaluating first.
 template <class TS, class TC>
 __forceinline__ __device__ void mask_pool(TS& s, const TC& c, const OmniMask& staged, int col_limit) {
   CUTE_UNROLL
   for (int i = 0; i < size(s); ++i) {
-    const int jj = get<1>(c(i));
-    if (!(pool_allowed(staged, 0, get<0>(c(i)), jj) & (jj < col_limit))) s(i) = -INFINITY;
+    if (!pool_element_allowed(c, i, staged, col_limit)) s(i) = -INFINITY;
   }
 }
 
