@@ -38,4 +38,13 @@ __forceinline__ __device__ void store_rows(const TiledCopy& copy_op, const TS& s
   }
 }
 
+// Threads per row when a tile of kCols columns is stored as 16-byte vectors: the largest power of two, up to
+// kMaxPerRow, that divides the row's vectors (8 at head dim 64, 4 at 96).
+template <int kCols, int kMaxPerRow>
+constexpr int row_vector_threads() {
+  int n = kMaxPerRow;
+  while ((kCols / 8) % n != 0) n /= 2;
+  return n;
+}
+
 }  // namespace omni

@@ -1,9 +1,9 @@
 // The sm_90a backward's dQ accumulator. Each 64-row tile of the workspace's dq_accum ([B, Hq, q_pad, D] fp32,
 // kBlockM * D contiguous floats per tile) is kept in the order the dQ threads (Traits::kDqThreads: both consumer
 // warpgroups, or warpgroup 0 alone with kDqSplitKeys) hold their dQ fragments, not row-major: float4 number j
-// of dQ thread c sits at slot j * kDqThreads + c. The main kernel
-// then stages a tile's dQ in shared memory with conflict-free 16-byte stores and adds it to the workspace with
-// two bulk reductions, one per half; bwd_convert_dq_kernel below maps slots back to (row, col) when it writes dq.
+// of dQ thread c sits at slot j * kDqThreads + c. The main kernel then stages a tile's dQ in shared memory with
+// conflict-free 16-byte stores and adds it to the workspace with two bulk reductions, one per half;
+// bwd_convert_dq_kernel below maps slots back to (row, col) when it writes dq.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>

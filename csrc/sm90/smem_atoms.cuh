@@ -23,13 +23,4 @@ template <typename Element, int kCols>
 using MNMajorAtom =
     conditional_t<atom_cols<kCols>() == 64, GMMA::Layout_MN_SW128_Atom<Element>, GMMA::Layout_MN_SW64_Atom<Element>>;
 
-// Threads per row when a tile of kCols columns is stored as 16-byte vectors: the largest power of two, up to
-// kMaxPerRow, that divides the row's vectors (8 at head dim 64, 4 at 96).
-template <int kCols, int kMaxPerRow>
-constexpr int row_vector_threads() {
-  int n = kMaxPerRow;
-  while ((kCols / 8) % n != 0) n /= 2;
-  return n;
-}
-
 }  // namespace omni::sm90
