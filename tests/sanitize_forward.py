@@ -4,7 +4,7 @@ instantiated head dim, tails, q_len = 1, broadcast masks, GQA, the decode path. 
     compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
 
-and expect "ERROR SUMMARY: 0 errors". On a Hopper GPU the cases with 128-key blocks run the sm_90a kernel, in
+and expect "ERROR SUMMARY: 0 errors". Head dims given as arguments limit the block-list cases to them. On a Hopper GPU the cases with 128-key blocks run the sm_90a kernel, in
 64-row CTAs (these grids are small) but the last two cases, in persistent 128-row CTAs (`--kernel-name kns=sm90` checks it alone;
 OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
 Exits non-zero if an output is not finite.
@@ -24,11 +24,12 @@ from omni_hf import OmniBlockMask  # noqa: E402
 from omni_hf.ops import library  # noqa: E402
 
 
-def cases():
-    """(mask, q_len, kv_len, dim, heads_q, heads_kv, dtype, softcap) tuples covering every kernel path."""
+def cases(dims):
+    """(mask, q_len, kv_len, dim, heads_q, heads_kv, softcap) tuples covering every kernel path, the block-list
+    cases at each head dim of `dims`."""
     doc, grp = packed_vlm_ids(2, 333, seed=1, device="cuda")
     for block_q, block_kv in ((64, 64), (128, 128), (64, 128), (128, 64)):
-        for dim in library.HEAD_DIMS:
+        for dim in dims:
             dense = random_block_dense(1, 2, 200, 333, block_q, block_kv, seed=dim + block_q)
             yield OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), 200, 333, dim, 2, 1, None
             yield (OmniBlockMask.from_token_ids(doc, grp, q_len=150, block_size=(block_q, block_kv)),
@@ -53,10 +54,10 @@ def cases():
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 128, 32, 8, 10.0
 
 
-def main() -> int:
+def main(dims) -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16):
-        for mask, q_len, kv_len, dim, heads_q, heads_kv, softcap in cases():
+        for mask, q_len, kv_len, dim, heads_q, heads_kv, softcap in cases(dims):
             q = torch.randn(2, heads_q, q_len, dim, generator=g, device="cuda", dtype=dtype)
             k = torch.randn(2, heads_kv, kv_len, dim, generator=g, device="cuda", dtype=dtype)
             v = torch.randn_like(k)
@@ -70,4 +71,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main([int(arg) for arg in sys.argv[1:]] or library.HEAD_DIMS))  # head dims: the arguments, if any
