@@ -305,10 +305,11 @@ def test_backward_outputs_keep_the_layout_of_their_inputs():
 
 def test_library_errors_name_the_failed_check():
     gen = torch.Generator("cuda").manual_seed(1)
-    q, k, v, dout = _qkv(1, 2, 1, 128, 128, 72, torch.float16, gen=gen)  # the op zero-extends 72; the library refuses it
+    # head dim 76: not a multiple of 8 (the op refuses it first); checked before the tensors' strides
+    q, k, v, dout = (t[..., :76] for t in _qkv(1, 2, 1, 128, 128, 80, torch.float16, gen=gen))
     mask = OmniBlockMask.causal(128, block_size=64)
     out, lse = reference.attention_forward(q, k, v, mask, 0.125)
-    with pytest.raises(RuntimeError, match="omni_bwd failed: head_dim.*head_dim=72"):
+    with pytest.raises(RuntimeError, match="omni_bwd failed: head_dim.*head_dim=76; expected a multiple of 8"):
         library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), 0.125, None)
 
 

@@ -259,13 +259,16 @@ def test_token_ids_broadcast_over_the_batch():
     assert_matches_reference(q, k, v, mask)
 
 
-def test_uninstantiated_head_dim_runs_zero_extended_and_the_library_names_the_check():
-    """The op runs head dim 80 on the 96 kernel (tests/test_head_dims.py checks its values); the library itself,
-    handed 80, names the check; above the largest instantiation the op reports why the kernels cannot run."""
+def test_uninstantiated_head_dim_runs_on_the_next_kernel_and_the_library_names_a_bad_one():
+    """The library runs head dim 80 itself, on the 96 kernel with no copy (tests/test_head_dims.py checks every
+    gradient too); handed a head dim that is not a multiple of 8, it names that check (before the strides');
+    above the largest instantiation the op reports why the kernels cannot run."""
     mask = OmniBlockMask.causal(64)
     q, k, v = _qkv(1, 1, 1, 64, 64, 80, torch.bfloat16, seed=14)
     assert library.unsupported_reason(q, mask.as_tuple()[1]) is None and library.kernel_head_dim(80) == 96
-    with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=80"):
+    assert_matches_reference(q, k, v, mask)
+    q, k, v = (t[..., :76] for t in _qkv(1, 1, 1, 64, 64, 80, torch.bfloat16, seed=14))
+    with pytest.raises(RuntimeError, match="omni_fwd failed: head_dim.*head_dim=76; expected a multiple of 8"):
         library.forward(q, k, v, *mask.as_tuple(), 0.1, None)
     wide = torch.empty(1, 1, 64, library.HEAD_DIMS[-1] + 8, device="cuda", dtype=torch.bfloat16)
     assert f"head dim {wide.shape[-1]}" in library.unsupported_reason(wide, mask.as_tuple()[1])

@@ -366,7 +366,7 @@ def qwen2_5_vl_config():
 def test_qwen2_5_vl_vision_windows_and_full_layers_run_through_omni_like_sdpa():
     """The same three images as above through Qwen2.5-VL, vision tower included: its windowed layer attends each
     window alone (4 x 4 patches: one window; 2 x 6: two; 6 x 4: two), its full layer each image alone, all
-    bidirectional, each layer in one packed call, at head dim 80 (zero-extended to a kernel's on a GPU)."""
+    bidirectional, each layer in one packed call, at head dim 80 (on the 96 kernels on a GPU)."""
     inputs = qwen_image_batch(seed=18)
     assert_omni_matches(from_config(Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_config()), inputs,
                         logits_at(inputs["attention_mask"].bool()),

@@ -327,7 +327,7 @@ def test_packed_vision_tower_makes_one_call_per_layer_with_each_image_alone(mode
 def test_a_packed_call_without_a_mask_attends_each_sequence_alone(is_causal, device):
     """What a packed tower's attention hands omni (no mask, ``cu_seq_lens_k``): the output of each sequence run
     alone, bidirectional or causal as the call says. Sequences that start and end inside 128-key tiles, one of a
-    single token, at a tower's head dim (80, zero-extended on a GPU); bf16 kernels on a GPU."""
+    single token, at a tower's head dim (80, on the 96 kernels on a GPU); bf16 kernels on a GPU."""
     lengths, heads, dim = [70, 300, 1, 129, 64], 4, 80
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     g = torch.Generator().manual_seed(11)

@@ -1,7 +1,8 @@
 // The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
 // base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
 // Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
-// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96).
+// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96). Of a
+// call's head_dim below kHeadDim, the columns past it are neither read nor written (zeros to the dot product).
 // Both kernel families launch the preprocess (launch_preprocess); the conversion is sm_80's (the sm_90a
 // accumulator has its own layout, sm90/bwd_dq.cuh).
 #pragma once
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;
     float dot = 0.f;
-    if (i < f.q_len && col < kHeadDim) {
+    if (i < f.q_len && col < f.head_dim) {
       const auto dout = to_float(*reinterpret_cast<const Vec*>(
           static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b + h * p.dout.stride_h + i * p.dout.stride_s + col));
       const auto out = to_float(*reinterpret_cast<const Vec*>(
@@ -66,8 +67,8 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
   }
 }
 
-// grid (B * Hq, q_pad / 64): dq[b, h, i, :] = Element(scale * dq_accum[row, :]) for i < q_len, with the
-// strides of dq.
+// grid (B * Hq, q_pad / 64): dq[b, h, i, :head_dim] = Element(scale * dq_accum[row, :head_dim]) for i < q_len,
+// with the strides of dq.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __grid_constant__ OmniBwdParams p,
                                                                     const Workspace ws) {
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __gri
   const int bh = blockIdx.x;
   const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
   const int col = Lanes::col();
-  if (col >= kHeadDim) return;
+  if (col >= p.fwd.head_dim) return;
   cutlass::NumericArrayConverter<Element, float, Lanes::kVec> to_element;
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;

@@ -9,7 +9,8 @@
 // All the global loads of a step (a K row and a V column pair per thread) are issued together at its start.
 // Each slice ends with its rows normalised by their own sums: written as the output when the keys are not split,
 // else as fp32 partials that merge_slices (decode/split_kv.cuh) combines.
-// Rows with no allowed key give o = 0, lse = -inf, as everywhere.
+// Rows with no allowed key give o = 0, lse = -inf, as everywhere. A call's head_dim may be below kDim (the
+// instantiation that runs it, host/dispatch.cuh): columns past it read as zeros and are not written.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   for (int idx = tid; idx < kRows * kDim; idx += kThreads) {
     const int r = idx / kDim, d = idx % kDim;
     float x = 0.f;
-    if (r < rows) {
+    if (r < rows && d < p.head_dim) {  // the kernel's columns past head_dim are zeros
       const Row row = row_of(r, hk, sp.group);
       const T* q = static_cast<const T*>(p.q.ptr) + b * p.q.stride_b + row.head * p.q.stride_h + row.query * p.q.stride_s;
       x = float(q[d]) * q_scale;
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
   const int offset = p.kv_len - p.q_len;  // bottom-right alignment
   const int pair = tid % kPairLanes, key_group = tid / kPairLanes;
   const bool has_pair = pair < kPairs;
+  const bool reads_pair = has_pair && 2 * pair < p.head_dim;
   float acc[kRows][2] = {};
   float sum[kRows] = {};
 
@@ -115,12 +117,15 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
     T2 v_pair[kKeysPerThread];
     const uint4* k_row = reinterpret_cast<const uint4*>(k_head + static_cast<int64_t>(j) * p.k.stride_s);
 #pragma unroll
-    for (int c = 0; c < kDim / 8; ++c) k_vec[c] = j < key_end ? k_row[c] : make_uint4(0, 0, 0, 0);
+    for (int c = 0; c < kDim / 8; ++c) {
+      k_vec[c] = j < key_end && c * 8 < p.head_dim ? k_row[c] : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int jj = key_group + i * kKeyGroups;
-      v_pair[i] = has_pair && jj < step_keys ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
-                                 : T2(T(0.f), T(0.f));
+      v_pair[i] = reads_pair && jj < step_keys
+                      ? reinterpret_cast<const T2*>(v_head + static_cast<int64_t>(base + jj) * p.v.stride_s)[pair]
+                      : T2(T(0.f), T(0.f));
     }
     __syncthreads();  // q_s written / the previous step's p_s and row_max_s read
     // Scores of key j against every row.
@@ -215,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const SliceParams sp) {
     const int64_t n = (static_cast<int64_t>(b) * p.heads_q + row.head) * p.q_len + row.query;
     if (sp.plan.slices == 1) {
       T* out = static_cast<T*>(p.out.ptr) + b * p.out.stride_b + row.head * p.out.stride_h + row.query * p.out.stride_s;
-      out[d] = T(o);
+      if (d < p.head_dim) out[d] = T(o);
       if (d == 0) p.lse[n] = lse;
     } else {
       sp.partials.o[(slice * rows_total + n) * kDim + d] = o;

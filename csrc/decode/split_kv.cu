@@ -42,7 +42,9 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdPa
   Half<kBf16>* out = static_cast<Half<kBf16>*>(p.out.ptr) + b * p.out.stride_b + head * p.out.stride_h +
                      query * p.out.stride_s + lane * kPerLane;
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) out[e] = Half<kBf16>(o[e] * inv);
+  for (int e = 0; e < kPerLane; ++e) {
+    if (lane * kPerLane + e < p.head_dim) out[e] = Half<kBf16>(o[e] * inv);  // columns past head_dim are the kernel's
+  }
   if (lane == 0) p.lse[n] = lse_max == -INFINITY ? -INFINITY : lse_max + logf(total);
 }
 
@@ -67,7 +69,8 @@ int launch_merge(const OmniFwdParams& p, const SplitPartials& part) {
 
 size_t split_workspace_bytes(const OmniFwdParams& p, int slices) {
   if (slices <= 1) return 0;
-  return static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * (p.head_dim + 1) * sizeof(float);
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.q_len;
+  return slices * rows * (kernel_head_dim(p.head_dim) + 1) * sizeof(float);
 }
 
 int split_partials(const OmniFwdParams& p, int slices, SplitPartials* partials) {
@@ -76,7 +79,8 @@ int split_partials(const OmniFwdParams& p, int slices, SplitPartials* partials) 
     return fail(OMNI_ERR_WORKSPACE, "%d key slices need %zu bytes of workspace, got %zu", slices, needed,
                 p.workspace == nullptr ? size_t{0} : p.workspace_bytes);
   partials->o = static_cast<float*>(p.workspace);
-  partials->lse = partials->o + static_cast<size_t>(slices) * p.batch * p.heads_q * p.q_len * p.head_dim;
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.q_len;
+  partials->lse = partials->o + slices * rows * kernel_head_dim(p.head_dim);
   partials->slices = slices;
   return OMNI_OK;
 }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "host/dispatch.cuh"
 #include "host/params_check.cuh"
 #include "host/status.cuh"
 
@@ -80,6 +81,9 @@ int check_call_params(const OmniFwdParams& p) {
   if (!supported_block(p.mask.block_q) || !supported_block(p.mask.block_kv))
     return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d block_kv=%d; each must be 64 or 128", p.mask.block_q,
                 p.mask.block_kv);
+  if (kernel_head_dim(p.head_dim) == 0)
+    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; expected a multiple of 8 up to the largest of the kernels' "
+                OMNI_HEAD_DIMS_TEXT, p.head_dim);
   if (int s = check_shapes(p)) return s;
   if (int s = check_tensor(p.q, "q")) return s;
   if (int s = check_tensor(p.k, "k")) return s;

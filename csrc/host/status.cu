@@ -38,7 +38,7 @@ const char* omni_error_string(int status) {
   switch (status) {
     case OMNI_OK: return "ok";
     case OMNI_ERR_DTYPE: return "unsupported dtype (expected fp16 or bf16)";
-    case OMNI_ERR_HEAD_DIM: return "head_dim has no kernel instantiation";
+    case OMNI_ERR_HEAD_DIM: return "head_dim is not a multiple of 8 up to the largest kernel head dim";
     case OMNI_ERR_BLOCK_SIZE: return "mask block size not supported by the kernel";
     case OMNI_ERR_ALIGNMENT: return "pointer or stride not 16-byte aligned, or last dim not contiguous";
     case OMNI_ERR_SHAPE: return "inconsistent sizes";

@@ -43,17 +43,17 @@ bool hopper_can_read(const OmniFwdParams& p) {
 }  // namespace
 
 bool fwd_takes_decode(const OmniFwdParams& p) {
-  return p.mask.kind != OMNI_MASK_BLOCKS && decode_head_dim(p.head_dim) && p.batch >= 1 && p.q_len >= 1 &&
-         static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= decode::kMaxRows;
+  return p.mask.kind != OMNI_MASK_BLOCKS && decode_head_dim(kernel_head_dim(p.head_dim)) && p.batch >= 1 &&
+         p.q_len >= 1 && static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= decode::kMaxRows;
 }
 
 bool fwd_takes_sm90(const OmniFwdParams& p) {
-  return sm90_fwd_head_dim(p.head_dim) && (p.mask.block_q == 64 || p.mask.block_q == 128) && p.mask.block_kv == 128 &&
-         hopper_can_read(p);
+  return sm90_fwd_head_dim(kernel_head_dim(p.head_dim)) && (p.mask.block_q == 64 || p.mask.block_q == 128) &&
+         p.mask.block_kv == 128 && hopper_can_read(p);
 }
 
 bool bwd_takes_sm90(const OmniBwdParams& p) {
-  return sm90_bwd_head_dim(p.fwd.head_dim) && p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
+  return sm90_bwd_head_dim(kernel_head_dim(p.fwd.head_dim)) && p.fwd.mask.block_kv == 128 && hopper_can_read(p.fwd) &&
          sm90::tma_compatible(p.dout, p.fwd.batch, p.fwd.heads_q, p.fwd.q_len);
 }
 

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 4
+#define OMNI_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,7 +30,7 @@ typedef enum {
 typedef enum {
   OMNI_OK = 0,
   OMNI_ERR_DTYPE = 1,       // dtype not fp16 / bf16
-  OMNI_ERR_HEAD_DIM = 2,    // head_dim has no instantiation
+  OMNI_ERR_HEAD_DIM = 2,    // head_dim is not a multiple of 8 up to the largest instantiated head dim
   OMNI_ERR_BLOCK_SIZE = 3,  // block_q / block_kv not supported by the kernel
   OMNI_ERR_ALIGNMENT = 4,   // a pointer or stride not 16-byte aligned / last dim not contiguous
   OMNI_ERR_SHAPE = 5,       // inconsistent sizes (heads_q % heads_kv, mask heads, lengths)
@@ -97,6 +97,8 @@ typedef struct {
 
 typedef struct {
   int32_t dtype;                  // OmniDType, of q, k, v, out (and dout, dq, dk, dv)
+  // head_dim: D, a multiple of 8 up to the largest instantiated head dim; the kernels of the smallest instantiated
+  // one at or above it run the call, reading the columns past D as zeros and writing only the first D
   int32_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
   float scale;                    // applied to q.k before softcap
   float softcap;                  // <= 0: none; else s = softcap * tanh(s / softcap)

@@ -99,10 +99,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   auto load_q_tile = [&](const QTile& t, int buf) {
     const int m0 = t.m_block * kBlockM;
     const int rows = f.q_len - m0;
-    load_rows<kBlockM>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(f.q, b, t.h, m0)),
-                       load_thr.partition_D(sQ(buf)), cQ, rows);
-    load_rows<kBlockM>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(p.dout, b, t.h, m0)),
-                       load_thr.partition_D(sdO(buf)), cQ, rows);
+    load_rows<kBlockM, kD>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(f.q, b, t.h, m0)),
+                           load_thr.partition_D(sQ(buf)), cQ, rows, f.head_dim);
+    load_rows<kBlockM, kD>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockM, kD>(p.dout, b, t.h, m0)),
+                           load_thr.partition_D(sdO(buf)), cQ, rows, f.head_dim);
     const int64_t ws_row = (int64_t(b) * f.heads_q + t.h) * ws.q_pad + m0;
     constexpr int kVecs = kBlockM / 4;  // 16-byte vectors of one per-row array
     if (tid < kVecs) {
@@ -175,10 +175,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   QTile cur = sm.tiles[0];
   if (cur.valid) {
     // K, V and the token ids of the keys and of the first tile's rows join its cp.async group.
-    load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.k, b, hkv, n0)),
-                       load_thr.partition_D(sK), cK, kv_rows);
-    load_rows<kBlockN>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.v, b, hkv, n0)),
-                       load_thr.partition_D(sV), cK, kv_rows);
+    load_rows<kBlockN, kD>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.k, b, hkv, n0)),
+                           load_thr.partition_D(sK), cK, kv_rows, f.head_dim);
+    load_rows<kBlockN, kD>(load_op, load_thr.partition_S(gmem_rows<Element, kBlockN, kD>(f.v, b, hkv, n0)),
+                           load_thr.partition_D(sV), cK, kv_rows, f.head_dim);
     stage_ids(Int<kBlockN>{}, sm.k_ids, n0);
     stage_q_ids(cur);
     load_q_tile(cur, 0);
@@ -285,9 +285,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   auto store_thr = store_op.get_thread_slice(tid);
   Tensor cKs = store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{}));
   store_rows(store_op, store_thr.partition_S(sdK),
-             store_thr.partition_D(gmem_rows<Element, kBlockN, kD>(p.dk, b, hkv, n0)), cKs, kv_rows);
+             store_thr.partition_D(gmem_rows<Element, kBlockN, kD>(p.dk, b, hkv, n0)), cKs, kv_rows, f.head_dim);
   store_rows(store_op, store_thr.partition_S(sdV),
-             store_thr.partition_D(gmem_rows<Element, kBlockN, kD>(p.dv, b, hkv, n0)), cKs, kv_rows);
+             store_thr.partition_D(gmem_rows<Element, kBlockN, kD>(p.dv, b, hkv, n0)), cKs, kv_rows, f.head_dim);
 }
 
 }  // namespace omni::bwd

@@ -97,14 +97,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   int* s_q_ids = reinterpret_cast<int*>(smem + Traits::kSmemQIdsOffset);
   int* s_aux = reinterpret_cast<int*>(smem + Traits::kSmemAuxOffset);
 
-  // gmem -> smem copies of kRows-row tiles, rows past the ends zero-filled (tile_copy.cuh).
+  // gmem -> smem copies of kRows-row tiles, rows past the ends and columns past head_dim zero-filled (tile_copy.cuh).
   typename Traits::GmemTiledLoad load_op;
   auto load_tile = [&](auto rows, const OmniTensor& src, int h_src, int row_start, int row_end, auto& dst) {
     constexpr int kRows = decltype(rows)::value;
     auto thr = load_op.get_thread_slice(fresh_thread_idx());
     auto g = gmem_tile<Element, kRows, kHeadDim>(src, b, h_src, row_start);
-    load_rows<kRows>(load_op, thr.partition_S(g), thr.partition_D(dst),
-                     thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{})), row_end - row_start);
+    load_rows<kRows, kHeadDim>(load_op, thr.partition_S(g), thr.partition_D(dst),
+                               thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{})),
+                               row_end - row_start, p.head_dim);
   };
   auto load_kv = [&](const OmniTensor& src, auto& dst, int col0) {
     load_tile(Int<kBlockN>{}, src, h_kv, col0, p.kv_len, dst);
@@ -189,7 +190,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   auto store_thr = store_op.get_thread_slice(tid);
   auto gO = gmem_tile<Element, kBlockM, kHeadDim>(p.out, b, h, row0);
   store_rows(store_op, store_thr.partition_S(sQ), store_thr.partition_D(gO),
-             store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})), p.q_len - row0);
+             store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})), p.q_len - row0,
+             p.head_dim);
 
   auto c_rc = rowcol(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
   store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);

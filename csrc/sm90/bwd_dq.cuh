@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Traits::kDqThreads) bwd_convert_dq_kernel(
   CUTE_UNROLL
   for (int i = ctid; i < kBlockM * kRowVecs; i += Traits::kDqThreads) {
     const int row = i / kRowVecs, vec = i % kRowVecs;
-    if (m0 + row < p.fwd.q_len) {
+    if (m0 + row < p.fwd.q_len && vec * 8 < p.fwd.head_dim) {  // the call's columns only
       *reinterpret_cast<uint4*>(dq + (m0 + row) * p.dq.stride_s + vec * 8) =
           *reinterpret_cast<const uint4*>(rows_s + row * kRowStride + vec * 8);
     }

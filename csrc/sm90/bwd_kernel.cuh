@@ -52,10 +52,9 @@ using bwd::QTile;
 template <class Traits>
 struct BwdParams {
   using Element = typename Traits::Element;
-  using TmaRows = decltype(make_tma_load<Element, Traits::kHeadDim>(
-      OmniTensor{}, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutQ{})));
-  using TmaKV = decltype(make_tma_load<Element, Traits::kHeadDim>(OmniTensor{}, 1, 1, 1,
-                                                                  typename Traits::SmemLayoutK{}));
+  using TmaRows =
+      decltype(make_tma_load<Element>(OmniTensor{}, 1, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutQ{})));
+  using TmaKV = decltype(make_tma_load<Element>(OmniTensor{}, 1, 1, 1, 1, typename Traits::SmemLayoutK{}));
   OmniBwdParams p;
   bwd::Workspace ws;
   TmaRows tma_q, tma_dout;
@@ -100,8 +99,8 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   Tensor sV = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutK{});
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQ{});
-  auto kv_shape = make_shape(f.kv_len, Int<kHeadDim>{}, f.heads_kv, f.batch);
-  auto rows_shape = make_shape(f.q_len, Int<kHeadDim>{}, f.heads_q, f.batch);
+  auto kv_shape = make_shape(f.kv_len, f.head_dim, f.heads_kv, f.batch);
+  auto rows_shape = make_shape(f.q_len, f.head_dim, f.heads_q, f.batch);
   Tensor gK = local_tile(params.tma_k.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                          make_coord(kv_block, _0{}));
   Tensor gV = local_tile(params.tma_v.get_tma_tensor(kv_shape)(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
@@ -408,8 +407,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     Element* ptr = static_cast<Element*>(t.ptr) + b * t.stride_b + h_kv * t.stride_h + int64_t(n0) * t.stride_s;
     return make_tensor(make_gmem_ptr(ptr), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(t.stride_s, _1{}));
   };
-  store_rows(store_op, store_thr.partition_S(sK), store_thr.partition_D(rows_of(p.dk)), cKV, f.kv_len - n0);
-  store_rows(store_op, store_thr.partition_S(sV), store_thr.partition_D(rows_of(p.dv)), cKV, f.kv_len - n0);
+  store_rows(store_op, store_thr.partition_S(sK), store_thr.partition_D(rows_of(p.dk)), cKV, f.kv_len - n0, f.head_dim);
+  store_rows(store_op, store_thr.partition_S(sV), store_thr.partition_D(rows_of(p.dv)), cKV, f.kv_len - n0, f.head_dim);
 }
 
 template <class Traits, bool kSoftcap>

@@ -16,15 +16,14 @@ namespace omni::sm90 {
 template <class Traits, bool kSoftcap>
 int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
   using Element = typename Traits::Element;
-  constexpr int kHeadDim = Traits::kHeadDim;
   const OmniFwdParams& f = p.fwd;
   const auto rows_box = take<0, 2>(typename Traits::SmemLayoutQ{});
   const BwdParams<Traits> params{
       p, ws,
-      make_tma_load<Element, kHeadDim>(f.q, f.batch, f.heads_q, f.q_len, rows_box),
-      make_tma_load<Element, kHeadDim>(p.dout, f.batch, f.heads_q, f.q_len, rows_box),
-      make_tma_load<Element, kHeadDim>(f.k, f.batch, f.heads_kv, f.kv_len, typename Traits::SmemLayoutK{}),
-      make_tma_load<Element, kHeadDim>(f.v, f.batch, f.heads_kv, f.kv_len, typename Traits::SmemLayoutK{})};
+      make_tma_load<Element>(f.q, f.batch, f.heads_q, f.q_len, f.head_dim, rows_box),
+      make_tma_load<Element>(p.dout, f.batch, f.heads_q, f.q_len, f.head_dim, rows_box),
+      make_tma_load<Element>(f.k, f.batch, f.heads_kv, f.kv_len, f.head_dim, typename Traits::SmemLayoutK{}),
+      make_tma_load<Element>(f.v, f.batch, f.heads_kv, f.kv_len, f.head_dim, typename Traits::SmemLayoutK{})};
   auto kernel = bwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 bwd_kernel")) return s;

@@ -38,10 +38,8 @@ using namespace cute;
 template <class Traits>
 struct FwdParams {
   using Element = typename Traits::Element;
-  using TmaQ = decltype(make_tma_load<Element, Traits::kHeadDim>(OmniTensor{}, 1, 1, 1,
-                                                                 typename Traits::SmemLayoutQ{}));
-  using TmaKV = decltype(make_tma_load<Element, Traits::kHeadDim>(
-      OmniTensor{}, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutK{})));
+  using TmaQ = decltype(make_tma_load<Element>(OmniTensor{}, 1, 1, 1, 1, typename Traits::SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_load<Element>(OmniTensor{}, 1, 1, 1, 1, take<0, 2>(typename Traits::SmemLayoutK{})));
   OmniFwdParams p;
   TmaQ tma_q;
   TmaKV tma_k, tma_v;
@@ -86,9 +84,9 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutV{});
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.q_len, Int<kHeadDim>{}, p.heads_q, p.batch));
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.kv_len, Int<kHeadDim>{}, p.heads_kv, p.batch));
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.q_len, p.head_dim, p.heads_q, p.batch));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.kv_len, p.head_dim, p.heads_kv, p.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.kv_len, p.head_dim, p.heads_kv, p.batch));
   Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(qt.index, _0{}));
   Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
@@ -280,7 +278,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
                  int64_t(wg_row0) * p.out.stride_s;
   Tensor gO = make_tensor(make_gmem_ptr(out), Shape<_64, Int<kHeadDim>>{}, make_stride(p.out.stride_s, _1{}));
   store_rows(store_op, store_thr.partition_S(sO), store_thr.partition_D(gO),
-             store_thr.partition_S(make_identity_tensor(Shape<_64, Int<kHeadDim>>{})), p.q_len - wg_row0);
+             store_thr.partition_S(make_identity_tensor(Shape<_64, Int<kHeadDim>>{})), p.q_len - wg_row0, p.head_dim);
 
   auto c_rc = rowcol(thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
   store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);

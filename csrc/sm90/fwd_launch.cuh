@@ -16,17 +16,18 @@ namespace omni::sm90 {
 template <class Traits, bool kSoftcap>
 int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   using Element = typename Traits::Element;
-  constexpr int kHeadDim = Traits::kHeadDim;
   const dim3 grid = fwd_grid<Traits::kBlockM>(p);
   const int64_t ctas = cta_count(grid);
   const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see FwdTileScheduler
   const FwdParams<Traits> params{
       p,
-      make_tma_load<Element, kHeadDim>(p.q, p.batch, p.heads_q, p.q_len, typename Traits::SmemLayoutQ{}),
-      make_tma_load<Element, kHeadDim>(p.k, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutK{})),
-      make_tma_load<Element, kHeadDim>(p.v, p.batch, p.heads_kv, p.kv_len, take<0, 2>(typename Traits::SmemLayoutV{})),
+      make_tma_load<Element>(p.q, p.batch, p.heads_q, p.q_len, p.head_dim, typename Traits::SmemLayoutQ{}),
+      make_tma_load<Element>(p.k, p.batch, p.heads_kv, p.kv_len, p.head_dim,
+                             take<0, 2>(typename Traits::SmemLayoutK{})),
+      make_tma_load<Element>(p.v, p.batch, p.heads_kv, p.kv_len, p.head_dim,
+                             take<0, 2>(typename Traits::SmemLayoutV{})),
       pairs ? sms : 0,
-      fwd_l2_section(p, sizeof(Element), ctas <= int64_t(sms) * Traits::kCtasPerSm)};
+      fwd_l2_section(p, Traits::kHeadDim * sizeof(Element), ctas <= int64_t(sms) * Traits::kCtasPerSm)};
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 fwd_kernel")) return s;

@@ -86,13 +86,15 @@ class FwdTileScheduler {
 };
 
 // (batch, head) pairs per section of FwdTileScheduler: as many KV heads as fit in `l2_bytes` together (their keys
-// and values, kv_len x head dim each), times the query heads that share a KV head; every pair when the call's CTAs
-// are all resident at once (`resident`: true), so the order is the plain longest-first one. FlashAttention-3 budgets
-// 32 MB of the H100's 50 MB L2 in the same way. Without sections, 132 persistent CTAs working on 132 different
-// heads of a wide call (a vision tower's 39 images x 16 heads) read every key from DRAM.
-inline int fwd_l2_section(const OmniFwdParams& p, int element_bytes, bool resident, int64_t l2_bytes = 32 << 20) {
+// and values, kv_len rows of `row_bytes` each), times the query heads that share a KV head; every pair when the
+// call's CTAs are all resident at once (`resident`: true), so the order is the plain longest-first one.
+// FlashAttention-3 budgets 32 MB of the H100's 50 MB L2 in the same way. Without sections, 132 persistent CTAs
+// working on 132 different heads of a wide call (a vision tower's 39 images x 16 heads) read every key from DRAM.
+// `row_bytes` counts the kernel's head dim: a narrower row (SigLIP's 72 columns, 144 bytes) still fills more of L2
+// than its bytes, in whole 32-byte sectors that rows of odd multiples of 16 bytes straddle.
+inline int fwd_l2_section(const OmniFwdParams& p, int row_bytes, bool resident, int64_t l2_bytes = 32 << 20) {
   const int64_t pairs = int64_t(p.heads_q) * p.batch;
-  const int64_t kv_head_bytes = 2 * int64_t(p.kv_len) * p.head_dim * element_bytes;
+  const int64_t kv_head_bytes = 2 * int64_t(p.kv_len) * row_bytes;
   const int64_t kv_heads = kv_head_bytes > 0 ? l2_bytes / kv_head_bytes : pairs;
   const int64_t section = (kv_heads > 1 ? kv_heads : 1) * (p.heads_q / p.heads_kv);
   return int(resident || section > pairs ? pairs : section);

@@ -42,7 +42,8 @@ def omni_attention(
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]`` with ``Hq % Hkv == 0`` (GQA / MQA, no copy).
             fp16 / bf16 (float32 runs on the reference); any strides with the last dim contiguous;
             ``D`` a multiple of 8, at most 256 (the CUDA kernels are instantiated for some head dims,
-            `omni_hf.ops.library.HEAD_DIMS`; any other runs on the next larger one, zero-extended, exactly).
+            `omni_hf.ops.library.HEAD_DIMS`; any other runs on the next larger one, whose loads read the missing
+            columns as zeros and whose stores skip them: exact, with no copy).
         block_mask: an `OmniBlockMask` with ``q_len == Sq``, ``kv_len == Skv``, batch 1 or B, heads 1 or Hq,
             on q's device (implicit masks, `OmniBlockMask.causal` and `OmniBlockMask.full`, serve any device).
         scale: multiplies ``q.k`` (default ``D ** -0.5``).
@@ -63,27 +64,11 @@ def omni_attention(
     softcap = float(softcap or 0.0)
     tensors, sizes = block_mask.as_tuple()
     backend = _backend(q, sizes)
-    head_dim = q.shape[-1]
-    kernel_dim = library.kernel_head_dim(head_dim) if backend == _CUDA else head_dim
-    if kernel_dim != head_dim:
-        q, k, v = (_zero_extend(t, kernel_dim) for t in (q, k, v))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale, softcap)
     else:
         out, lse = _forward(backend, q, k, v, tensors, sizes, scale, softcap)
-    if kernel_dim != head_dim:
-        out = out[..., :head_dim]
     return (out, lse) if return_lse else out
-
-
-def _zero_extend(t: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """``t`` ``[B, H, S, D]`` with zero columns appended up to ``head_dim``, in t's memory layout (a transposed
-    ``[B, S, H, D]`` tensor stays one). Zero columns add nothing to q.k and give zero output columns, so the
-    kernel of the next instantiated head dim computes the call exactly (the scale stays the caller's)."""
-    pad = (0, head_dim - t.shape[-1])
-    if t.stride(1) >= t.stride(2):
-        return torch.nn.functional.pad(t, pad)
-    return torch.nn.functional.pad(t.transpose(1, 2), pad).transpose(1, 2)
 
 
 # ---------------------------------------------------------------------- backends

@@ -37,7 +37,7 @@ from .. import build as _build
 __all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
 
-ABI_VERSION = 4  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
+ABI_VERSION = 5  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
 HEAD_DIMS = (64, 96, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
 # Shared memory per block that the sm_80 backward needs above head dim 128 (64-key tiles of 256 columns, Q and dO
 # double-buffered): Hopper grants it, an A100 (163 KB) does not.
@@ -193,8 +193,9 @@ def _smem_per_block(device_index: int) -> int:
 
 
 def kernel_head_dim(head_dim: int) -> int | None:
-    """The instantiated head dim that runs calls of ``head_dim``: itself, or the next larger one (the op zero-extends
-    q, k and v to it, which leaves every score and output exact); None above the largest."""
+    """The instantiated head dim whose kernels run calls of ``head_dim``: itself, or the next larger one, whose loads
+    read the columns past ``head_dim`` as zeros (every score and output stays exact) and whose stores skip them;
+    None above the largest."""
     return next((d for d in HEAD_DIMS if d >= head_dim), None)
 
 
