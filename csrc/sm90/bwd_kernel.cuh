@@ -63,7 +63,7 @@ struct BwdParams {
 
 // Named barriers of the consumer warpgroups (0 is __syncthreads).
 constexpr int kDsReadyBarrier = 1;   // both halves of dS^T are in smem; the previous dQ left smem
-constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem (its kDqThreads); both dQ GEMMs are done with dS
+constexpr int kDqReadyBarrier = 2;   // the tile's dQ is in smem; both dQ GEMMs are done with dS
 constexpr int kEpilogueBarrier = 3;  // every GEMM is done with K and V, whose smem takes dK and dV
 constexpr int kStageDoneBarrier = 4;  // kWideHead: every GEMM of the tile is done with its Q / dO stage
 constexpr int kDqPartialBarrier = 5;  // kDqSplitKeys: warpgroup 1's partial dQ is in smem, both dQ GEMMs are done
@@ -362,19 +362,18 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       dq_lo = s.pt_or_dq.dq;
       dq_hi = dq_lo + Traits::kDqHalfFloats;
     }
-    if (Traits::kDqSplitKeys && dq_keys == 1) {  // the previous tile's reductions are done with the block (DsReady)
-      store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid % 128);
-      named_barrier_sync(kDqPartialBarrier, kThreads);  // then on to the next tile while warpgroup 0 reduces
-      continue;
-    }
     if constexpr (Traits::kDqSplitKeys) {
+      // Warpgroup 1's partial sum into the block (the previous tile's reductions are done with it: DsReady), then
+      // warpgroup 0 adds its own. Warpgroup 1 waits for the sum too rather than running ahead: as fast (kernel_ab,
+      // case set d96), and racecheck cannot follow a dQ-ready barrier of warpgroup 0 alone.
+      if (dq_keys == 1) store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid % 128);
       named_barrier_sync(kDqPartialBarrier, kThreads);
-      store_dq_slots<Traits, true>(acc_dq, dq_lo, dq_hi, ctid);
+      if (dq_keys == 0) store_dq_slots<Traits, true>(acc_dq, dq_lo, dq_hi, ctid);
     } else {
       store_dq_slots<Traits>(acc_dq, dq_lo, dq_hi, ctid);
     }
     tma_store_fence();
-    named_barrier_sync(kDqReadyBarrier, Traits::kDqThreads);
+    named_barrier_sync(kDqReadyBarrier, kThreads);
     if (reduces) {
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
       bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
