@@ -1,7 +1,7 @@
 """A/B of builds of the CUDA library, omni alone: the kernel time of each case's forward or backward per library.
 
     python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] \
-        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|towers] [--rounds 3] [--json FILE]
+        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|d96|towers] [--rounds 3] [--json FILE]
 
 Each library runs in a process of its own (two cannot register the same torch ops in one), named to it by
 ``OMNI_HF_CUDA_LIB``; within each round the libraries take turns, so drift of the host or the GPU falls on all of
@@ -83,8 +83,10 @@ CASE_SETS: dict[str, list[Case]] = {
     # Head dim 256 (Gemma 2 / 3: 8 query / 4 KV heads) on the VLM and causal masks, and a wide grid.
     "d256": [Case(mask, length, 1, 8, 4, 256, "bfloat16") for mask in ("vlm", "causal") for length in (8192, 16384)]
     + [Case("vlm", 4096, 4, 8, 4, 256, "float16")],
+    # Head dim 96 (Phi-3 vision's 32 / 32 heads), the kernels that SigLIP's 72 and Qwen's 80 run on too.
+    "d96": [Case(mask, length, 1, 32, 32, 96, "bfloat16") for mask in ("vlm", "causal") for length in (8192, 16384)],
     # Vision towers' calls: every image bidirectional and alone (the implicit full mask), one per batch row, at their
-    # towers' head dims (SigLIP's 72 and Qwen's 80, which the op zero-extends to 96; CLIP-L's 64): Gemma 3's 896 px
+    # towers' head dims (SigLIP's 72 and Qwen's 80, which run on the 96 kernels; CLIP-L's 64): Gemma 3's 896 px
     # images (4096 patches), SigLIP at 384 px (729) and CLIP-L at 336 px (577), and one long bidirectional row.
     "towers": [Case("full", 4096, 16, 16, 16, 72, "bfloat16"), Case("full", 729, 64, 16, 16, 72, "bfloat16"),
                Case("full", 577, 64, 16, 16, 64, "bfloat16"), Case("full", 2304, 4, 16, 16, 80, "bfloat16"),
