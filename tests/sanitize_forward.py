@@ -4,9 +4,10 @@ instantiated head dim, tails, q_len = 1, broadcast masks, GQA, the decode path. 
     compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
     compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
 
-and expect "ERROR SUMMARY: 0 errors". Head dims given as arguments limit the block-list cases to them. On a Hopper GPU the cases with 128-key blocks run the sm_90a kernel, in
-64-row CTAs (these grids are small) but the last two cases, in persistent 128-row CTAs (`--kernel-name kns=sm90` checks it alone;
-OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
+and expect "ERROR SUMMARY: 0 errors". Head dims given as arguments (any multiple of 8, e.g. 72 for the 96 kernels at
+a true width) replace the instantiated ones in the block-list cases. On a Hopper GPU the cases with 128-key blocks
+run the sm_90a kernel, in 64-row CTAs (these grids are small) but the last two cases, in persistent 128-row CTAs
+(`--kernel-name kns=sm90` checks it alone; OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
 Exits non-zero if an output is not finite.
 """
 
@@ -40,6 +41,7 @@ def cases(dims):
     # The decode path (at most 16 query rows per KV head): split keys with a merge, a window, softcap, empty rows.
     yield OmniBlockMask.causal(1, 2049), 1, 2049, 128, 8, 2, None
     yield OmniBlockMask.causal(2, 2049), 2, 2049, 96, 8, 2, None
+    yield OmniBlockMask.causal(2, 2049), 2, 2049, 80, 8, 2, None  # the 96 kernels at a true width of 80
     yield OmniBlockMask.causal(3, 1031, window=50), 3, 1031, 64, 20, 4, 5.0
     yield OmniBlockMask.full(2, 517), 2, 517, 64, 16, 2, None
     yield OmniBlockMask.causal(4, 2), 4, 2, 128, 4, 1, None

@@ -46,7 +46,7 @@ CASES = [  # (q_len, group, kv_len, mask kind, window)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("dim", [40, 64, 80, 96, 112, 128])  # 40 / 80 / 112: the next kernel's, at their true width
 @pytest.mark.parametrize("q_len,group,kv_len,kind,window", CASES)
 def test_decode_path_matches_reference(q_len, group, kv_len, kind, window, dim, dtype):
     mask = OmniBlockMask.full(q_len, kv_len) if kind == "full" else OmniBlockMask.causal(q_len, kv_len, window=window)
