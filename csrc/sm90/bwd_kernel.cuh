@@ -267,7 +267,6 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor rP = make_tensor<Element>(acc_s.layout());
   Tensor rdS = make_tensor<Element>(acc_s.layout());
   auto [tKVaP, tKVadS] = dkv_operands_a<Traits>(thr_dkv, rP, rdS, s);
-  Tensor tSsdSt = thr_sdp.partition_C(sdSt);
 
   // Each score's (key, query row) in the tile, and the same as (query row, key).
   const Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -312,7 +311,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     }
     rP = convert_fragment<Element>(acc_s);
     if constexpr (kWideHead) {
-      copy(rP, thr_sdp.partition_C(make_tensor(make_smem_ptr(s.pt_or_dq.pt), typename Traits::SmemLayoutdSt{})));
+      store_accumulator(mma_sdp, ctid, rP, make_tensor(make_smem_ptr(s.pt_or_dq.pt), typename Traits::SmemLayoutdSt{}));
     } else {
       gemm_issue<false>(mma_dkv, tKVaP, tKVrdOt(_, _, _, stage), acc_dv);
     }
@@ -333,7 +332,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     if constexpr (!kWideHead) gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);
 
     // dS^T (and P^T) to smem (the previous tile's GEMMs are done with them: kDqReadyBarrier), visible to wgmma.
-    copy(rdS, tSsdSt);
+    store_accumulator(mma_sdp, ctid, rdS, sdSt);
     cutlass::arch::fence_view_async_shared();
     if constexpr (!kWideHead) {
       if (reduces) tma_store_wait<0>();  // the previous tile's reductions have read the dQ block
@@ -392,8 +391,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= f.scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
-  copy(rdK, thr_dkv.partition_C(sK));
-  copy(rdV, thr_dkv.partition_C(sV));
+  store_accumulator(mma_dkv, ctid, rdK, sK);
+  store_accumulator(mma_dkv, ctid, rdV, sV);
   named_barrier_sync(kEpilogueBarrier, kThreads);
 
   constexpr int kPerRow = row_vector_threads<kHeadDim, 32>();

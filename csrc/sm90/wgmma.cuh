@@ -1,5 +1,6 @@
 // Warpgroup MMA (wgmma) issue and the register views of its accumulators that softmax and P.V need.
 #pragma once
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/tensor.hpp>
 
 namespace omni::sm90 {
@@ -31,6 +32,20 @@ template <int kPending, class TC>
 __forceinline__ __device__ void gemm_wait(TC& c) {
   warpgroup_wait<kPending>();
   warpgroup_fence_operand(c);
+}
+
+// Stores `frag`, a fragment shaped like `mma`'s accumulator (already converted to 16-bit elements), into `smem`, a
+// swizzled shared-memory tile of the accumulator's shape, by stmatrix: four 8 x 8 blocks per instruction, at
+// shared-window addresses. (Through CuTe's swizzled-pointer view of the tile, ptxas emitted a 64-bit generic
+// store for every 32-bit pair, each with five instructions of address arithmetic.) `thread`: the index `mma`'s
+// thread slice was taken with.
+template <class TiledMma, class TF, class TS>
+__forceinline__ __device__ void store_accumulator(const TiledMma& mma, int thread, const TF& frag, TS&& smem) {
+  using Element = typename remove_cvref_t<TF>::value_type;
+  static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
+  const auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+  const auto thr = r2s.get_thread_slice(thread);
+  copy(r2s, thr.retile_S(frag), thr.partition_D(as_position_independent_swizzle_tensor(smem)));
 }
 
 // ((2, 2, V), MMA_M, MMA_N) wgmma accumulator -> ((2, MMA_M), (2, V, MMA_N)) = (rows, cols) of this thread.
