@@ -1,4 +1,5 @@
-// Warpgroup MMA (wgmma) issue and the register views of its accumulators that softmax and P.V need.
+// Warpgroup MMA (wgmma) issue, the register views of its accumulators that softmax and P.V need, and their stores
+// into swizzled shared memory.
 #pragma once
 #include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/tensor.hpp>
