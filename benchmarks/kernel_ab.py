@@ -1,7 +1,7 @@
 """A/B of builds of the CUDA library, omni alone: the kernel time of each case's forward or backward per library.
 
     python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] \
-        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|d96|towers] [--rounds 3] [--json FILE]
+        [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|d96|towers|decode] [--rounds 3] [--json FILE]
 
 Each library runs in a process of its own (two cannot register the same torch ops in one), named to it by
 ``OMNI_HF_CUDA_LIB``; within each round the libraries take turns, so drift of the host or the GPU falls on all of
@@ -38,9 +38,9 @@ MEDIAN_KEYS = ("kernel_us", "tflops", "eager_us")
 
 
 class Case(NamedTuple):
-    """One input: the suite's mask layout (`benchmarks.layouts.MASKS`, or "full": every pair) at ``seq_len``, q
-    ``[batch, heads_q, seq_len, head_dim]`` and k / v ``[batch, heads_kv, seq_len, head_dim]`` of ``dtype`` (a torch
-    dtype name)."""
+    """One input: the suite's mask layout (`benchmarks.layouts.MASKS`, "full": every pair, or "decode": one query,
+    the last token, against the ``seq_len`` keys of a cache) at ``seq_len``, q ``[batch, heads_q, seq_len, head_dim]``
+    (``decode``: one row) and k / v ``[batch, heads_kv, seq_len, head_dim]`` of ``dtype`` (a torch dtype name)."""
 
     mask: str
     seq_len: int
@@ -91,6 +91,10 @@ CASE_SETS: dict[str, list[Case]] = {
     "towers": [Case("full", 4096, 16, 16, 16, 72, "bfloat16"), Case("full", 729, 64, 16, 16, 72, "bfloat16"),
                Case("full", 577, 64, 16, 16, 64, "bfloat16"), Case("full", 2304, 4, 16, 16, 80, "bfloat16"),
                Case("full", 16384, 1, 32, 8, 128, "bfloat16")],
+    # One decoding step (the split-KV kernel): a ~1B Llama's 32 / 8 heads of 64 after a 1024-token prompt, and
+    # longer caches; 32 / 8 heads of 128 (Llama 3 8B, Qwen2.5-VL's language model).
+    "decode": [Case("decode", length, batch, 32, 8, dim, "bfloat16")
+               for dim in (64, 128) for batch in (1, 8) for length in (1088, 4096, 16384)],
 }
 
 
@@ -138,15 +142,18 @@ def measure_case(case: Case, which: str) -> dict:
     from benchmarks import layouts, measure
     from omni_hf import OmniBlockMask, omni_attention
 
+    q_len = 1 if case.mask == "decode" else case.seq_len
     if case.mask == "full":
         mask, allowed_pairs = OmniBlockMask.full(case.seq_len), case.seq_len ** 2
+    elif case.mask == "decode":
+        mask, allowed_pairs = OmniBlockMask.causal(1, case.seq_len), case.seq_len
     else:
         layout = layouts.build(case.mask, case.seq_len)
         mask, allowed_pairs = layout.omni_mask(128, "cuda"), layout.allowed_pairs()
     gen = torch.Generator("cuda").manual_seed(case.seq_len)
     dtype = getattr(torch, case.dtype)
-    q, k, v = (torch.randn(case.batch, heads, case.seq_len, case.head_dim, device="cuda", dtype=dtype, generator=gen)
-               for heads in (case.heads_q, case.heads_kv, case.heads_kv))
+    q, k, v = (torch.randn(case.batch, heads, rows, case.head_dim, device="cuda", dtype=dtype, generator=gen)
+               for heads, rows in ((case.heads_q, q_len), (case.heads_kv, case.seq_len), (case.heads_kv, case.seq_len)))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -42,7 +42,7 @@ def test_case_sets_name_real_layouts_and_shapes():
     for cases in kernel_ab.CASE_SETS.values():
         assert cases and len(set(cases)) == len(cases)
         for case in cases:
-            assert case.mask in (*layouts.MASKS, "full") and case.heads_q % case.heads_kv == 0
+            assert case.mask in (*layouts.MASKS, "full", "decode") and case.heads_q % case.heads_kv == 0
             assert isinstance(getattr(torch, case.dtype), torch.dtype)
     assert kernel_ab.Case("vlm", 8192, 1, 32, 8, 128, "bfloat16").label == "vlm S8192 B1 H32/8 D128"
 
