@@ -1,8 +1,9 @@
 """GPU tests of the decode path (csrc/decode/decode.cu): calls with at most 16 query rows per KV head
 (q_len * Hq / Hkv) under an implicit mask run a split-KV kernel, one CTA per slice of the keys for all the query
 heads of a KV head, and a merge kernel when the keys are split. Every case runs against the exact reference with
-the outputs poisoned first, checks which kernels ran, and crosses the 128-key steps and the slice boundaries
-(lengths around multiples of 128; batch x KV heads small enough to split, large enough not to)."""
+the outputs poisoned first, checks which kernels ran, and crosses the kernel's boundaries: its 64-key tiles and
+each warp's 16 keys of a tile (lengths around their multiples), slices of more tiles than its 3-stage ring
+holds, and batch x KV heads small enough to split, large enough not to."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from test_cuda_forward import LSE_ATOL_SOFTCAP, _qkv, assert_matches_reference, 
 
 pytestmark = pytest.mark.skipif(not library.available(), reason="CUDA device or omni_hf CUDA library unavailable")
 
-STEP_KEYS = 128  # keys per step of the slice kernel (its thread count)
+TILE_KEYS = 64  # keys per tile of the slice kernel (16 per warp)
 
 
 def _run_and_check(batch, heads_kv, group, q_len, kv_len, dim, dtype, mask, *, softcap=None, bshd=False, seed=0):
@@ -61,15 +62,25 @@ def test_decode_path_takes_transposed_inputs_and_softcap(softcap):
     assert any("slice_kernel" in name for name in ran)
 
 
-def test_long_keys_split_into_slices_of_several_steps_and_merge():
-    # One (batch, KV head): the keys of 40k tokens are cut into slices of more than one 128-key step.
+def test_long_keys_split_into_slices_of_several_tiles_and_merge():
+    # One (batch, KV head): the keys of 40k tokens are cut into slices of more than one 64-key tile.
     ran = _run_and_check(1, 1, 4, 1, 40_000 + 77, 128, torch.bfloat16, OmniBlockMask.causal(1, 40_077))
     assert any("merge_kernel" in name for name in ran), ran
 
 
+@pytest.mark.parametrize("dim", [64, 96, 128])
+def test_slices_longer_than_the_ring_wrap_it(dim):
+    # 8 x 8 (batch, KV head) pairs leave room for a few slices each: every slice walks about a dozen tiles, so
+    # the 3-stage ring of K / V tiles is reused several times; the length ends inside a warp's 16 keys.
+    kv_len = 50 * TILE_KEYS + 21
+    ran = _run_and_check(8, 8, 4, 1, kv_len, dim, torch.bfloat16, OmniBlockMask.causal(1, kv_len), seed=dim)
+    assert any("slice_kernel" in name for name in ran), ran
+
+
 def test_many_kv_heads_run_unsplit_without_merge():
-    # 64 x 8 CTAs fill any GPU of up to 256 multiprocessors: one slice each, written straight to the output.
-    ran = _run_and_check(64, 8, 4, 1, 3 * STEP_KEYS + 5, 64, torch.float16, OmniBlockMask.causal(1, 3 * STEP_KEYS + 5))
+    # 64 x 8 CTAs are more than half of one wave on an A100 or H100 (4 CTAs on each of 108 / 132
+    # multiprocessors): one slice each, written straight to the output.
+    ran = _run_and_check(64, 8, 4, 1, 6 * TILE_KEYS + 5, 64, torch.float16, OmniBlockMask.causal(1, 6 * TILE_KEYS + 5))
     assert any("slice_kernel" in name for name in ran) and not any("merge_kernel" in name for name in ran), ran
 
 
@@ -120,3 +131,12 @@ def test_captured_decode_replays_on_new_inputs():
         graph.replay()
         want = reference.attention_forward(*(t.double() for t in fresh), mask, 128 ** -0.5, None)[0]
         assert relative_error(out, want) < 1e-2
+
+
+if __name__ == "__main__":  # cases that cross every boundary of the slice kernel and the merge, for compute-sanitizer
+    for dim in (64, 96, 128):
+        for q_len, group, kv_len, heads_kv, batch in ((1, 4, 50 * TILE_KEYS + 21, 8, 8), (3, 5, 700, 2, 2),
+                                                      (16, 1, 300, 2, 2), (1, 4, 40_077, 1, 1)):
+            q, k, v = _qkv(batch, heads_kv * group, heads_kv, q_len, kv_len, dim, torch.bfloat16, dim, bshd=dim == 96)
+            assert_matches_reference(q, k, v, OmniBlockMask.causal(q_len, kv_len, window=300 if q_len == 3 else None))
+    print("ok")

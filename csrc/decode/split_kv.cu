@@ -1,4 +1,5 @@
-// merge_slices (decode/split_kv.cuh): one warp per query row, each lane a run of D / 32 contiguous columns.
+// merge_slices (decode/split_kv.cuh): a CTA per query row, its warps taking every kWarps-th slice, each lane a run of
+// D / 32 contiguous columns; the warps' sums meet in shared memory.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -12,28 +13,53 @@
 namespace omni {
 namespace {
 
-constexpr int kRowsPerCta = 4;  // warps of a merge CTA
+constexpr int kWarps = 4;  // warps of a merge CTA, which split the row's slices
+
+__device__ float warp_allreduce(float x, bool max) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, offset);
+    x = max ? fmaxf(x, y) : x + y;
+  }
+  return x;
+}
 
 template <bool kBf16, int kDim>
-__global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
+__global__ void __launch_bounds__(32 * kWarps) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
   constexpr int kPerLane = kDim / 32;
   static_assert(kDim % 32 == 0, "each lane takes kDim / 32 columns");
+  __shared__ float o_s[kWarps][kDim];
+  __shared__ float total_s[kWarps];
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
-  if (n >= rows) return;
-  const int lane = threadIdx.x % 32;
+  const int64_t n = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Every warp finds the max of the slices' LSEs (every 32nd slice to a lane), then sums its own slices.
   float lse_max = -INFINITY;
-  for (int s = 0; s < part.slices; ++s) lse_max = fmaxf(lse_max, part.lse[s * rows + n]);
+  for (int s = lane; s < part.slices; s += 32) lse_max = fmaxf(lse_max, part.lse[s * rows + n]);
+  lse_max = warp_allreduce(lse_max, true);
   float o[kPerLane] = {};
   float total = 0.f;
   if (lse_max != -INFINITY) {
-    for (int s = 0; s < part.slices; ++s) {
+    for (int s = warp; s < part.slices; s += kWarps) {
       const float w = expf(part.lse[s * rows + n] - lse_max);
-      const float* o_s = part.o + (s * rows + n) * kDim + lane * kPerLane;
+      const float* o_slice = part.o + (s * rows + n) * kDim + lane * kPerLane;
       total += w;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) o[e] = fmaf(w, o_s[e], o[e]);
+      for (int e = 0; e < kPerLane; ++e) o[e] = fmaf(w, o_slice[e], o[e]);
     }
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) o_s[warp][lane * kPerLane + e] = o[e];
+  if (lane == 0) total_s[warp] = total;
+  __syncthreads();
+  if (warp > 0) return;
+  total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += total_s[w];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    o[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o[e] += o_s[w][lane * kPerLane + e];
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
   const int query = static_cast<int>(n % p.q_len);
@@ -51,13 +77,13 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) merge_kernel(const OmniFwdPa
 template <bool kBf16>
 int launch_merge(const OmniFwdParams& p, const SplitPartials& part) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
-  const dim3 grid(static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta));
+  const dim3 grid(static_cast<unsigned>(rows));
   auto stream = static_cast<cudaStream_t>(p.stream);
   return dispatch_head_dim(
       p.head_dim,
       [&](auto head_dim) {
         if constexpr (decode_head_dim(head_dim())) {
-          merge_kernel<kBf16, head_dim()><<<grid, 32 * kRowsPerCta, 0, stream>>>(p, part);
+          merge_kernel<kBf16, head_dim()><<<grid, 32 * kWarps, 0, stream>>>(p, part);
           return check_cuda(cudaGetLastError(), "merge_kernel launch");
         }
         return fail(OMNI_ERR_HEAD_DIM, "merge_slices: head_dim=%d", p.head_dim);

@@ -1,4 +1,6 @@
-// allow_dynamic_smem and multiprocessors (host/launch.cuh): the per-device lookups every launcher shares.
+// allow_dynamic_smem, resident_ctas and multiprocessors (host/launch.cuh): the per-device lookups every launcher
+// shares.
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -25,6 +27,24 @@ int allow_dynamic_smem(const void* kernel, int bytes, const char* name) {
   if (int s = check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), name))
     return s;
   allowed.insert({kernel, device});
+  return OMNI_OK;
+}
+
+int resident_ctas(const void* kernel, int threads, int smem_bytes, int* count) {
+  int device = 0;
+  if (int s = check_cuda(cudaGetDevice(&device), "cudaGetDevice")) return s;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find({kernel, device});
+  if (it == known.end()) {
+    int n = 0;
+    if (int s = check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes),
+                           "cudaOccupancyMaxActiveBlocksPerMultiprocessor"))
+      return s;
+    it = known.emplace(std::make_pair(kernel, device), n > 0 ? n : 1).first;
+  }
+  *count = it->second;
   return OMNI_OK;
 }
 

@@ -9,6 +9,11 @@ namespace omni {
 // otherwise). Returns OMNI_OK or a status whose detail names `name`.
 int allow_dynamic_smem(const void* kernel, int bytes, const char* name);
 
+// CTAs of `kernel` (launched with `threads` threads and `smem_bytes` of dynamic shared memory, which
+// allow_dynamic_smem must have allowed) that reside on one multiprocessor of the current device, into *count;
+// looked up once per (kernel, device). Returns OMNI_OK or a status.
+int resident_ctas(const void* kernel, int threads, int smem_bytes, int* count);
+
 // Multiprocessors of the current device (looked up once per device; 1 if the lookup fails).
 int multiprocessors();
 

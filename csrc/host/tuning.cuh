@@ -17,10 +17,6 @@ namespace omni::tuning {
 // decode::kMaxRows query rows per KV head (q_len * heads_q / heads_kv).
 bool fwd_takes_decode(const OmniFwdParams& p);
 
-// Split-KV decoding cuts the keys into slices so that about this many CTAs run per multiprocessor (aiming at 4 or
-// 8 loses on long keys and wins only at large batches).
-constexpr int kDecodeCtasPerSm = 2;
-
 // The sm_90a kernels take a call of a head dim they are instantiated for on an sm_90 device (Hopper) unless
 // OMNI_HF_DISABLE_SM90 is set to a non-zero value (read at every call, so tests and benchmarks can compare both
 // paths in one process), where it fits them:
