@@ -1,5 +1,6 @@
 """Eager greedy decoding in Transformers, tokens/s: omni against SDPA on its FlashAttention-2 backend, with an
-SDPA-against-SDPA control, the three interleaved within each round so that the host's drift falls on all alike.
+SDPA-against-SDPA control, the three interleaved within each round so that the host's drift falls on all alike, and
+their turn order rotated from round to round so that each takes each place equally often.
 `benchmarks.bench_decode`'s ~1B Llama (random weights, bf16, 32 / 8 heads of 64), prompts of 1024 random tokens.
 
     python benchmarks/results/decode/decode_eager_interleaved.py [ROUNDS] [NEW_TOKENS]   (default 10, 64)
@@ -28,8 +29,10 @@ for batch in (1, 8):
                             generator=torch.Generator("cuda").manual_seed(batch))
     runs = {"sdpa": sdpa, "omni": omni, "sdpa_again": sdpa}
     secs = {name: [] for name in runs}
+    names = list(runs)
     for rnd in range(rounds + 1):  # round 0 warms up
-        for name, model in runs.items():
+        for name in names[rnd % 3:] + names[:rnd % 3]:
+            model = runs[name]
             ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name.startswith("sdpa") else contextlib.nullcontext()
             with ctx:
                 seconds = generate(model, prompts, new, disable_compile=True)[0]
