@@ -34,6 +34,7 @@ from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
 from omni_hf.integrations.transformers.packed_towers import PACKED
+from omni_hf.integrations.transformers.spec import block_mask_from_spec
 
 VOCAB, SEQ = 100, 24
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -473,6 +474,33 @@ def test_chunked_prefill_gives_the_logits_of_one_forward(config, cache, device):
     rows = attention_mask.bool()
     assert_close_to_reference(torch.cat(chunks, dim=1)[rows], expected[rows],
                               None if baseline is None else baseline[rows], "logits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_ones_padding_is_dropped_where_a_host_sync_is_affordable(device):
+    # Without autograd (a prompt's prefill under generate, an evaluation loop) and while decoding, an all-ones padding
+    # mask counts as none, so the mask stays implicit (causal, no token rule); a training forward keeps it (no host
+    # sync), and a padding mask with a zero is always kept.
+    ones = torch.ones(B, SEQ, dtype=torch.long, device=device)
+    padded = ones.clone()
+    padded[0, :3] = 0
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q = torch.randn(B, HEADS_Q, SEQ, HEAD_DIM, device=device, dtype=dtype)
+    k, v = (torch.randn(B, HEADS_KV, SEQ, HEAD_DIM, device=device, dtype=dtype) for _ in range(2))
+    want = naive_attention(q, k, v, torch.ones(SEQ, SEQ, dtype=torch.bool, device=device).tril(), 0.125)[0]
+    with torch.no_grad():
+        prefill = omni_mask(B, SEQ, SEQ, attention_mask=ones)
+        decode = omni_mask(B, 1, SEQ, q_offset=SEQ - 1, attention_mask=ones)
+        kept = omni_mask(B, SEQ, SEQ, attention_mask=padded)
+    training = omni_mask(B, SEQ, SEQ, attention_mask=ones)
+    assert prefill.padding_mask is None and decode.padding_mask is None
+    assert kept.padding_mask is not None and training.padding_mask is not None
+    for spec in (prefill, training):  # the same outputs either way
+        with torch.no_grad():
+            out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=0.125)
+        assert relative_error(out.transpose(1, 2), want) < 2e-2
+    assert block_mask_from_spec(prefill, device, None)[0].implicit
+    assert not block_mask_from_spec(training, device, None)[0].implicit
 
 
 # ---------------------------------------------------------------------- the mask spec against Transformers' own masks

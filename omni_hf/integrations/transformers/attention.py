@@ -11,11 +11,11 @@ one builds the `OmniBlockMask` and caches it there, so the mask is built once pe
 2. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
    sliding window on the causal part;
 3. the spec. Plain causal, sliding-window and bidirectional attention over unpadded, bottom-right aligned keys
-   become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built; during generation an all-ones
-   padding mask counts as none, at one host sync per step as with sdpa); bidirectional attention over padded
-   keys (encoders, cross-attention) becomes `OmniBlockMask.from_key_padding`. Other recognised mask functions
-   become the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no host sync): causal ones
-   with padding and caches, bidirectional ones packed by ``cu_seq_lens_k``; Transformers' own
+   become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built; during generation and in forwards
+   without autograd an all-ones padding mask counts as none, at one host sync as with sdpa); bidirectional
+   attention over padded keys (encoders, cross-attention) becomes `OmniBlockMask.from_key_padding`. Other
+   recognised mask functions become the token rule (`OmniBlockMask.from_token_ids`: vectorised, on the GPU, no
+   host sync): causal ones with padding and caches, bidirectional ones packed by ``cu_seq_lens_k``; Transformers' own
    compositions of causal with packing (``position_ids`` that restart), sliding windows and chunks, whose
    document starts are read by evaluating the function on neighbouring positions; and causal with image
    blocks (``block_sequence_ids`` from ``token_type_ids``). ``cu_seq_lens_k`` (DataCollatorWithFlattening)

@@ -85,8 +85,8 @@ def omni_mask(
     if isinstance(q_offset, torch.Tensor):
         q_offset = q_offset.clone()  # a static cache advances its tensor in place before the layers attend
     padding = None if attention_mask is None else key_slice(attention_mask.bool(), kv_offset, kv_length, fill=False)
-    if padding is not None and _generating(q_offset, kv_offset) and bool(padding.all()):
-        padding = None  # unpadded generation: one host sync per step, as sdpa's, keeps the mask implicit
+    if padding is not None and _may_sync(q_offset, kv_offset) and bool(padding.all()):
+        padding = None  # unpadded: one host sync, as sdpa's, keeps the mask implicit
     plain_causal = not use_vmap and "allow_is_bidirectional_skip" not in kwargs
     return OmniMaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, padding, local_size,
                         plain_causal)
@@ -136,9 +136,13 @@ def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
     return None if window is None else OmniBlockMask.causal(spec.q_len, spec.kv_len, window=window)
 
 
-def _generating(q_offset: int | torch.Tensor, kv_offset: int) -> bool:
-    """An eager call with a cache (queries after position 0): the decoding loop, which syncs every step anyway."""
-    return isinstance(q_offset, int) and q_offset + kv_offset > 0 and not torch.compiler.is_compiling()
+def _may_sync(q_offset: int | torch.Tensor, kv_offset: int) -> bool:
+    """Whether the call may sync to drop an all-ones padding mask, as sdpa's mask does: an eager call (no static
+    cache's tensor offset, not compiling) that decodes (queries after position 0: the loop syncs every step anyway)
+    or runs without autograd (a prompt's prefill, an evaluation loop); not a training forward."""
+    if not isinstance(q_offset, int) or torch.compiler.is_compiling():
+        return False
+    return q_offset + kv_offset > 0 or not torch.is_grad_enabled()
 
 
 def _key_order(spec: OmniMaskSpec, device) -> torch.Tensor | None:
