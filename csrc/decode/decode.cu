@@ -67,7 +67,7 @@ struct DecodeTraits : Sm80Base<Element, kDim, 1> {
   using SmemLayoutQ = typename Base::template SmemLayoutRows<kMaxRows>;
   using SmemLayoutKV =
       decltype(tile_to_shape(typename Base::SmemLayoutAtomHeadDim{}, Shape<Int<kTileKeys>, Int<kDim>, Int<kStages>>{}));
-  // A tile's V as [kDim, kTileKeys] (the B operand of P.V), with and without the swizzle.
+  // The ring's V tiles as [kDim, kTileKeys, kStages]: the B operand of P.V, read by ldmatrix.trans.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kDim>, Int<kTileKeys>, Int<kStages>>{},
                                   make_stride(Int<kTileKeys>{}, _1{}, Int<kTileKeys * kDim>{}))));
@@ -79,7 +79,7 @@ struct DecodeTraits : Sm80Base<Element, kDim, 1> {
   static constexpr int kSmemKVElems = decltype(cosize(SmemLayoutKV{}))::value;
   static constexpr int kSmemQElems = decltype(cosize(SmemLayoutQ{}))::value;
   static constexpr int kSmemBytes = (kSmemQElems + 2 * kSmemKVElems) * sizeof(Element);
-  // The epilogue's merge reuses the ring: each warp's O (fp32, kMaxRows x kDim), its rows' max and sum.
+  // The epilogue's merge reuses the ring for each warp's O (fp32, kMaxRows x kDim).
   static_assert(kWarps * kMaxRows * kDim * sizeof(float) <= 2 * kSmemKVElems * sizeof(Element),
                 "the warps' O must fit in the ring");
 };
