@@ -51,6 +51,25 @@ def model_with(attn: str, state: dict | None) -> LlamaForCausalLM:
     return model
 
 
+def model_pair() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """The model on sdpa and on omni, with the same random weights."""
+    sdpa = model_with("sdpa", None)
+    return sdpa, model_with("omni", sdpa.state_dict())
+
+
+def random_prompts(batch: int, length: int) -> torch.Tensor:
+    """Random token ids ``[batch, length]`` int64 on the GPU, the same for a batch size at every call."""
+    return torch.randint(3, CONFIG["vocab_size"], (batch, length), device="cuda",
+                         generator=torch.Generator("cuda").manual_seed(batch))
+
+
+def eager_context(model):
+    """What an eager run with a dynamic cache needs: sdpa forced onto its FlashAttention-2 backend (that cache hands
+    it no mask), nothing for omni."""
+    sdpa = model.config._attn_implementation == "sdpa"
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if sdpa else contextlib.nullcontext()
+
+
 def generate(model, prompts: torch.Tensor, new_tokens: int, **settings) -> tuple[float, dict]:
     """(seconds, {"ids": [B, prompt + new] int64, "logits": [new, B, vocab] float32}) of one greedy generation of
     exactly ``new_tokens`` tokens."""
@@ -111,12 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     torch._inductor.config.emulate_precision_casts = args.emulate_precision_casts
-    sdpa = model_with("sdpa", None)
-    omni = model_with("omni", sdpa.state_dict())
+    sdpa, omni = model_pair()
     rows = []
     for batch in map(int, args.batches.split(",")):
-        prompts = torch.randint(3, CONFIG["vocab_size"], (batch, args.prompt), device="cuda",
-                                generator=torch.Generator("cuda").manual_seed(batch))
+        prompts = random_prompts(batch, args.prompt)
         runs = {
             "sdpa_fa2": lambda: generate(sdpa, prompts, args.new_tokens, disable_compile=True),
             "omni": lambda: generate(omni, prompts, args.new_tokens, disable_compile=True),

@@ -7,7 +7,6 @@ their turn order rotated from round to round so that each takes each place equal
 
 Per batch: the median tokens/s of each, and the per-round ratios omni / sdpa and sdpa_again / sdpa (median and all).
 """
-import contextlib
 import os
 import statistics
 import sys
@@ -15,26 +14,22 @@ import sys
 sys.path.insert(0, os.getcwd())
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.bench_decode import CONFIG, generate, model_with
+from benchmarks.bench_decode import eager_context, generate, model_pair, random_prompts
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 new = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-sdpa = model_with("sdpa", None)
-omni = model_with("omni", sdpa.state_dict())
+sdpa, omni = model_pair()
 for batch in (1, 8):
-    prompts = torch.randint(3, CONFIG["vocab_size"], (batch, 1024), device="cuda",
-                            generator=torch.Generator("cuda").manual_seed(batch))
+    prompts = random_prompts(batch, 1024)
     runs = {"sdpa": sdpa, "omni": omni, "sdpa_again": sdpa}
     secs = {name: [] for name in runs}
     names = list(runs)
     for rnd in range(rounds + 1):  # round 0 warms up
         for name in names[rnd % 3:] + names[:rnd % 3]:
             model = runs[name]
-            ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name.startswith("sdpa") else contextlib.nullcontext()
-            with ctx:
+            with eager_context(model):
                 seconds = generate(model, prompts, new, disable_compile=True)[0]
             if rnd:
                 secs[name].append(seconds)

@@ -4,7 +4,6 @@ timed rounds, the backends' turn order alternating; medians.
 
     python benchmarks/results/decode/decode_generate_split.py
 """
-import contextlib
 import os
 import statistics
 import sys
@@ -12,18 +11,14 @@ import time
 
 sys.path.insert(0, os.getcwd())
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from benchmarks.bench_decode import CONFIG, generate, model_with
-sdpa = model_with("sdpa", None)
-omni = model_with("omni", sdpa.state_dict())
+from benchmarks.bench_decode import eager_context, generate, model_pair, random_prompts
+sdpa, omni = model_pair()
 for batch in (1, 8):
-    prompts = torch.randint(3, CONFIG["vocab_size"], (batch, 1024), device="cuda",
-                            generator=torch.Generator("cuda").manual_seed(batch))
+    prompts = random_prompts(batch, 1024)
     res = {"sdpa": {"prefill": [], "gen1": [], "gen64": []}, "omni": {"prefill": [], "gen1": [], "gen64": []}}
     for rnd in range(7):
         for name, model in (("sdpa", sdpa), ("omni", omni)) if rnd % 2 else (("omni", omni), ("sdpa", sdpa)):
-            ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa" else contextlib.nullcontext()
-            with ctx, torch.no_grad():
+            with eager_context(model), torch.no_grad():
                 torch.cuda.synchronize(); t = time.perf_counter()
                 model(prompts, attention_mask=torch.ones_like(prompts))
                 torch.cuda.synchronize(); p = time.perf_counter() - t

@@ -4,31 +4,25 @@ under torch.profiler (CPU activities only) with the top ops by self CPU time.
 
     python benchmarks/results/decode/decode_host_profile.py
 """
-import contextlib
 import os
 import sys
 
 sys.path.insert(0, os.getcwd())
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
-from benchmarks.bench_decode import CONFIG, generate, model_with
+from benchmarks.bench_decode import eager_context, generate, model_pair, random_prompts
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-sdpa = model_with("sdpa", None)
-omni = model_with("omni", sdpa.state_dict())
-prompts = torch.randint(3, CONFIG["vocab_size"], (1, 1024), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(1))
+sdpa, omni = model_pair()
+prompts = random_prompts(1, 1024)
 for name, model in (("sdpa", sdpa), ("omni", omni), ("sdpa", sdpa), ("omni", omni)):
-    ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa" else contextlib.nullcontext()
-    with ctx:
+    with eager_context(model):
         generate(model, prompts, 8, disable_compile=True)
         t = generate(model, prompts, 32, disable_compile=True)[0]
         print(f"{name}: {t / 32 * 1e3:.2f} ms per token", flush=True)
 for name, model in (("sdpa", sdpa), ("omni", omni)):
-    ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa" else contextlib.nullcontext()
-    with ctx, profile(activities=[ProfilerActivity.CPU]) as prof:
+    with eager_context(model), profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, prompts, 32, disable_compile=True)
     print(f"==== {name}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22), flush=True)

@@ -5,7 +5,6 @@ attention function and inside the mask function per step (Transformers' registri
 
     python benchmarks/results/decode/decode_step_probe.py
 """
-import contextlib
 import os
 import statistics
 import sys
@@ -13,10 +12,9 @@ import time
 
 sys.path.insert(0, os.getcwd())
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface
-from benchmarks.bench_decode import CONFIG, model_with  # imports omni_hf, which registers "omni"
+from benchmarks.bench_decode import eager_context, model_pair, random_prompts  # imports omni_hf, which registers "omni"
 acc = {}
 
 
@@ -37,16 +35,13 @@ for key in ("omni", "sdpa"):
     wrap(AttentionInterface, key, "attn")
     wrap(AttentionMaskInterface, key, "mask")
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-sdpa = model_with("sdpa", None)
-omni = model_with("omni", sdpa.state_dict())
+sdpa, omni = model_pair()
 for batch in (1, 8):
-    ids = torch.randint(3, CONFIG["vocab_size"], (batch, 1025), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(batch))
+    ids = random_prompts(batch, 1025)
     res = {}
     for rnd in range(4):
         for name, model in (("sdpa", sdpa), ("omni", omni)) if rnd % 2 == 0 else (("omni", omni), ("sdpa", sdpa)):
-            ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "sdpa" else contextlib.nullcontext()
-            with ctx, torch.no_grad():
+            with eager_context(model), torch.no_grad():
                 cache = DynamicCache(config=model.config)
                 ones = torch.ones_like(ids)
                 model(ids[:, :1024], attention_mask=ones[:, :1024], past_key_values=cache, use_cache=True)
