@@ -9,10 +9,11 @@ import itertools
 import torch
 
 
-def causal_dense(q_len: int, kv_len: int) -> torch.Tensor:
-    """bool [q_len, kv_len]: query i (absolute position i + kv_len - q_len) sees keys at or before it."""
-    qpos = torch.arange(q_len)[:, None] + (kv_len - q_len)
-    return qpos >= torch.arange(kv_len)[None, :]
+def causal_dense(q_len: int, kv_len: int, window: int | None = None) -> torch.Tensor:
+    """bool [q_len, kv_len]: query i (absolute position i + kv_len - q_len) sees keys at or before it, with
+    ``window`` only those fewer than ``window`` positions back."""
+    back = torch.arange(q_len)[:, None] + (kv_len - q_len) - torch.arange(kv_len)[None, :]
+    return (back >= 0) if window is None else (back >= 0) & (back < window)
 
 
 def token_rule_dense(doc: torch.Tensor, grp: torch.Tensor, q_len: int, window: int | None = None) -> torch.Tensor:

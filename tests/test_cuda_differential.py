@@ -1,12 +1,17 @@
-"""A seeded randomized differential run of the CUDA kernels: 240 cases, each drawing its configuration
-from its seed (the test id says it): random token-rule masks (packed documents, padding, images, windows; ids of
-batch 1 broadcast now and then) and random dense masks (every block type, per-head masks, emptied rows), lengths up
-to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 96 / 128, fp16 / bf16, q_len < kv_len and q_len = 1,
-the four block-size pairs, BSHD views (what Transformers hands over) or contiguous BHSD, and on Hopper the sm_90a
-or the sm_80 kernels.
+"""A seeded randomized differential run of the CUDA kernels: 240 cases of block masks, each drawing its
+configuration from its seed (the test id says it): random token-rule masks (packed documents, padding, images,
+windows; ids of batch 1 broadcast now and then) and random dense masks (every block type, per-head masks, emptied
+rows), lengths up to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 96 / 128, fp16 / bf16,
+q_len < kv_len and q_len = 1, the four block-size pairs, BSHD views (what Transformers hands over) or contiguous
+BHSD, and on Hopper the sm_90a or the sm_80 kernels. Then 120 cases of implicit masks (seeds 240 to 359):
+``OmniBlockMask.causal`` (a random window about half the time) and ``OmniBlockMask.full``, lengths as above, GQA 1 to
+16, head dims 64 / 96 / 128 and now and then 40 or 80 (run on the next instantiated dim), q_len = kv_len, 1, 2 to 16
+or random, some 40% of them with at most 16 query rows per KV head (q_len * Hq / Hkv), whose forward runs on the
+split-KV decode kernel (up to 8 KV heads there).
 
 Each case runs the public op, ``omni_hf.omni_attention`` with ``OMNI_HF_BACKEND=cuda`` (forward and autograd
-backward), and compares out, LSE, dq, dk and dv with the reference in float64 under the brute-force dense mask.
+backward), and compares out, LSE, dq, dk and dv with the reference in float64 under the brute-force dense mask (for an
+implicit mask, built from position comparisons in tests/brute_force.py, not from the mask).
 Bounds (those of tests/test_cuda_forward.py and tests/test_cuda_backward.py): out and each gradient may be at most
 ``ROUNDINGS_BOUND`` times as far from float64 as the reference implementation run in the same dtype; LSE within
 ``LSE_ATOL`` of float64. Rows with no allowed key must give exactly 0 and LSE -inf, and exactly zero gradients, as
@@ -20,17 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from brute_force import random_token_ids, relative_error, token_rule_dense
+from brute_force import causal_dense, random_token_ids, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 CASES = 240
+IMPLICIT_CASES = 120  # seeds CASES to CASES + IMPLICIT_CASES - 1
+DECODE_ROWS = 16  # csrc/decode/decode.cuh kMaxRows: implicit masks with q_len * Hq / Hkv <= 16 take the decode kernel
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as tests/test_cuda_backward.py derives it
 LSE_ATOL = 2e-3  # as tests/test_cuda_forward.py
 BLOCKS = ((64, 64), (128, 128), (64, 128), (128, 64))
@@ -48,12 +56,23 @@ def cuda_backend_runs():
             pytest.skip(f"the CUDA backend cannot run here: {err}")
 
 
+def drawer(seed: int) -> Callable[[int, int], int]:
+    """``draw(lo, hi)``: a uniform int in ``[lo, hi]`` from a CPU generator seeded with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
+def draw_kv_len(draw: Callable[[int, int], int]) -> int:
+    """A key length off the block grid: 1/7 long (3000 to 4200), 1/7 short (1 to 200), else 200 to 2100."""
+    return (draw(3000, 4200), draw(1, 200), draw(200, 2100))[min(2, draw(0, 13) // 2)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One configuration, drawn from ``seed``."""
 
     seed: int
-    kind: str  # "token" (from_token_ids) or "dense" (from_dense)
+    kind: str  # "token" (from_token_ids), "dense" (from_dense), "causal" or "full" (implicit)
     dtype: torch.dtype
     dim: int
     heads_q: int
@@ -62,19 +81,16 @@ class Case:
     kv_len: int
     blocks: tuple[int, int]
     bshd: bool
-    window: int | None  # token rule only
+    window: int | None  # token rule or causal
     ids_batch: int  # token rule: batch of the ids (1 broadcasts over the batch of 2)
     mask_heads: int  # dense: 1 or heads_q
     no_sm90: bool  # OMNI_HF_DISABLE_SM90=1 (the sm_80 kernels on Hopper)
 
     @classmethod
     def draw(cls, seed: int) -> Case:
-        gen = torch.Generator().manual_seed(seed)
-
-        def draw(lo: int, hi: int) -> int:
-            return int(torch.randint(lo, hi + 1, (), generator=gen))
-
-        kv_len = (draw(3000, 4200), draw(1, 200), draw(200, 2100))[min(2, draw(0, 13) // 2)]  # 1/7 long, 1/7 short
+        """A block mask: from token ids for an even seed, from a dense mask for an odd one."""
+        draw = drawer(seed)
+        kv_len = draw_kv_len(draw)
         q_len = (kv_len, kv_len, 1, draw(1, kv_len))[draw(0, 3)]
         kind = ("token", "dense")[seed % 2]
         heads_kv = draw(1, 2)
@@ -85,6 +101,21 @@ class Case:
                    kv_len=kv_len, blocks=BLOCKS[draw(0, 3)], bshd=bool(draw(0, 1)),
                    window=draw(1, kv_len) if kind == "token" and draw(0, 1) else None,
                    ids_batch=1 if kind == "token" and draw(0, 7) == 0 else 2, mask_heads=heads_q if per_head else 1,
+                   no_sm90=bool(draw(0, 1)))
+
+    @classmethod
+    def draw_implicit(cls, seed: int) -> Case:
+        """An implicit mask: causal for two seeds in three (windowed half the time), else full."""
+        draw = drawer(seed)
+        kv_len = draw_kv_len(draw)
+        kind = ("causal", "causal", "full")[seed % 3]
+        group = (1, 2, 4, 8, 16)[draw(0, 4)]
+        q_len = min(kv_len, (kv_len, 1, draw(1, DECODE_ROWS // group), draw(2, 16), draw(1, kv_len))[draw(0, 4)])
+        heads_kv = draw(1, 8 if q_len * group <= DECODE_ROWS else 2 if kv_len <= 2100 else 1)  # Hq <= 16 when long
+        dtype, dim = (torch.float16, torch.bfloat16)[draw(0, 1)], (64, 96, 128, 64, 96, 128, 40, 80)[draw(0, 7)]
+        return cls(seed=seed, kind=kind, dtype=dtype, dim=dim, heads_q=heads_kv * group, heads_kv=heads_kv,
+                   q_len=q_len, kv_len=kv_len, blocks=BLOCKS[draw(0, 3)], bshd=bool(draw(0, 1)),
+                   window=draw(1, kv_len) if kind == "causal" and draw(0, 1) else None, ids_batch=2, mask_heads=1,
                    no_sm90=bool(draw(0, 1)))
 
     def __str__(self) -> str:
@@ -116,9 +147,20 @@ def random_block_dense(case: Case, gen: torch.Generator) -> torch.Tensor:
     return dense
 
 
+def implicit_dense(case: Case) -> torch.Tensor:
+    """bool [1, 1, q_len, kv_len] on the CPU of an implicit case, from position comparisons (not from the mask)."""
+    if case.kind == "full":
+        return torch.ones(1, 1, case.q_len, case.kv_len, dtype=torch.bool)
+    return causal_dense(case.q_len, case.kv_len, case.window)[None, None]
+
+
 def mask_of(case: Case, gen: torch.Generator) -> tuple[OmniBlockMask, torch.Tensor]:
-    """The case's block mask on the GPU and its brute-force dense mask [B|1, H|1, q_len, kv_len]."""
+    """The case's mask (block lists on the GPU) and its brute-force dense mask [B|1, H|1, q_len, kv_len] on the GPU."""
     block_q, block_kv = case.blocks
+    if case.kind in ("causal", "full"):
+        mask = (OmniBlockMask.full(case.q_len, case.kv_len, block_size=case.blocks) if case.kind == "full" else
+                OmniBlockMask.causal(case.q_len, case.kv_len, block_size=case.blocks, window=case.window))
+        return mask, implicit_dense(case).cuda()
     if case.kind == "dense":
         dense = random_block_dense(case, gen)
         return OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), dense
@@ -157,8 +199,10 @@ def write_log(line: str) -> None:
             log.write(line + "\n")
 
 
-@pytest.mark.parametrize("case", [Case.draw(seed) for seed in range(CASES)], ids=str)
-def test_cuda_kernels_match_float64_reference_on_random_masks(case, monkeypatch):
+def kernel_and_references(case: Case, monkeypatch) -> tuple[list, tuple, tuple, torch.Tensor]:
+    """Run the case: (out, lse, dq, dk, dv) of the kernels, of the reference in float64 and of the reference in the
+    case's dtype (out and the gradients BHSD in the shapes of q, k, v; lse float32 [B, Hq, q_len]), and the dense mask
+    bool [B|1, H|1, q_len, kv_len]."""
     monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")
     if case.no_sm90:
         monkeypatch.setenv("OMNI_HF_DISABLE_SM90", "1")
@@ -178,7 +222,13 @@ def test_cuda_kernels_match_float64_reference_on_random_masks(case, monkeypatch)
     with torch.no_grad():
         gold = reference_run(q, k, v, dout, allowed, scale, torch.float64)
         same_dtype = reference_run(q, k, v, dout, allowed, scale)
+    return got, gold, same_dtype, allowed
 
+
+def check_case(case: Case, monkeypatch) -> None:
+    """The kernels within the bounds of the float64 reference; exact zeros and -inf on rows with no key and on keys
+    no query of their group sees; one log line."""
+    got, gold, same_dtype, allowed = kernel_and_references(case, monkeypatch)
     expanded = allowed.expand(2, case.heads_q, -1, -1)
     empty = ~expanded.any(-1)
     unseen = ~expanded.unflatten(1, (case.heads_kv, -1)).any(2).any(-2)
@@ -202,3 +252,13 @@ def test_cuda_kernels_match_float64_reference_on_random_masks(case, monkeypatch)
     assert all(zeros.values()), f"not exactly zero on rows with no key / keys nobody sees: {zeros}"
     for name in errors:
         assert errors[name] <= bounds[name], f"{name}: error {errors[name]:.3e} > bound {bounds[name]:.3e}"
+
+
+@pytest.mark.parametrize("case", [Case.draw(seed) for seed in range(CASES)], ids=str)
+def test_cuda_kernels_match_float64_reference_on_random_masks(case, monkeypatch):
+    check_case(case, monkeypatch)
+
+
+@pytest.mark.parametrize("case", [Case.draw_implicit(seed) for seed in range(CASES, CASES + IMPLICIT_CASES)], ids=str)
+def test_cuda_kernels_match_float64_reference_on_implicit_masks(case, monkeypatch):
+    check_case(case, monkeypatch)
