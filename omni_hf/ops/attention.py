@@ -196,22 +196,27 @@ def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
     The common case is accepted by one compound test; anything else goes through `_explain_inputs`, which
     finds and reports the first problem."""
     try:
-        qs, ks = q.shape, k.shape
+        qs, ks, device, dtype = q.shape, k.shape, q.device, q.dtype
         fine = (len(qs) == 4 and len(ks) == 4 and ks == v.shape and ks[0] == qs[0] and ks[3] == qs[3]
                 and qs[1] % ks[1] == 0 and qs[3] % 8 == 0 and qs[3] <= MAX_HEAD_DIM
-                and q.dtype in SUPPORTED_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-                and k.device == q.device and v.device == q.device
-                and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+                and dtype in SUPPORTED_DTYPES and k.dtype is dtype and v.dtype is dtype
+                and k.device == device and v.device == device
+                and q.stride()[3] == 1 and k.stride()[3] == 1 and v.stride()[3] == 1
                 and type(block_mask) is OmniBlockMask and block_mask.q_len == qs[2] and block_mask.kv_len == ks[2]
-                and block_mask.batch in (1, qs[0]) and block_mask.heads in (1, qs[1])
-                and (block_mask.implicit or (block_mask.kv.num_blocks.device == q.device and (
-                    block_mask.token_rule is None or block_mask.token_rule.doc_ids.shape[0] in (1, qs[0]))))
+                and (block_mask.implicit or _block_lists_fit(block_mask, qs, device))
                 and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
                 and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
     except (AttributeError, TypeError, IndexError):
         fine = False
     if not fine:
         _explain_inputs(q, k, v, block_mask, scale, softcap)
+
+
+def _block_lists_fit(block_mask: OmniBlockMask, q_shape: torch.Size, device: torch.device) -> bool:
+    """Whether a mask's block lists (and token ids) broadcast over q's batch and heads on q's device."""
+    num_blocks, rule = block_mask.kv.num_blocks, block_mask.token_rule
+    return (num_blocks.shape[0] in (1, q_shape[0]) and num_blocks.shape[1] in (1, q_shape[1])
+            and num_blocks.device == device and (rule is None or rule.doc_ids.shape[0] in (1, q_shape[0])))
 
 
 def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:

@@ -92,4 +92,6 @@ def _closure(fn: Callable) -> dict:
 def key_slice(ids: torch.Tensor, kv_offset: int, kv_len: int, fill) -> torch.Tensor:
     """Columns ``kv_offset : kv_offset + kv_len`` of per-position ``ids [B, L]``, padded with ``fill`` past ``L``."""
     end = kv_offset + kv_len
-    return torch.nn.functional.pad(ids, (0, max(0, end - ids.shape[-1])), value=fill)[:, kv_offset:end]
+    if end > ids.shape[-1]:
+        ids = torch.nn.functional.pad(ids, (0, end - ids.shape[-1]), value=fill)
+    return ids[:, kv_offset:end]
