@@ -208,7 +208,7 @@ def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None
         return "tensors not on a CUDA device"
     if -(-q_len // block_q) > _MAX_GRID_YZ or q.shape[0] > _MAX_GRID_YZ:
         return "too many query blocks or batch rows for one launch"
-    return _call_reason(q.device.index, q.dtype, q.shape[-1], block_q, block_kv)
+    return _call_reason(q.get_device(), q.dtype, q.shape[-1], block_q, block_kv)
 
 
 # ---------------------------------------------------------------------- the ops

@@ -82,20 +82,33 @@ def omni_attention_forward(
     if dropout > 0:
         raise ValueError("`omni` attention does not support attention dropout. Use the model in eval mode "
                          "(`model.eval()`) or set the attention dropout of its config to 0.")
+    if _SPECIAL_KWARGS.isdisjoint(kwargs) and type(attention_mask) is OmniMaskSpec:  # a model's call: the short way
+        block_mask, key_order = _spec_mask(attention_mask, query.device, None)
+    else:
+        _check_kwargs(kwargs)
+        if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
+            out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
+            return out.transpose(1, 2).contiguous(), None
+        block_mask, key_order = _layer_mask(module, query, key, attention_mask, sliding_window, is_causal, kwargs)
+    if key_order is not None:
+        key, value = key.index_select(2, key_order), value.index_select(2, key_order)
+    out = omni_attention(query, key, value, block_mask, scale=scaling, softcap=softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+# Keyword arguments that change what a call does; a call with none of them and a spec takes the short way.
+_SPECIAL_KWARGS = frozenset((*UNSUPPORTED_FEATURES, "output_attentions", "omni_context_parallel", "omni_block_mask",
+                             "omni_doc_ids", "omni_group_ids", "cu_seq_lens_k"))
+
+
+def _check_kwargs(kwargs: dict) -> None:
+    """Refuse the features omni cannot honour; warn that attention weights are not returned."""
     for name, feature in UNSUPPORTED_FEATURES.items():
         if kwargs.get(name) is not None:
             raise ValueError(f"`omni` attention does not support {feature}; use `eager` for this model.")
     if kwargs.get("output_attentions"):
         logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
                             "use `eager` to get them.")
-    if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
-        out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
-        return out.transpose(1, 2).contiguous(), None
-    block_mask, key_order = _layer_mask(module, query, key, attention_mask, sliding_window, is_causal, kwargs)
-    if key_order is not None:
-        key, value = key.index_select(2, key_order), value.index_select(2, key_order)
-    out = omni_attention(query, key, value, block_mask, scale=scaling, softcap=softcap)
-    return out.transpose(1, 2).contiguous(), None
 
 
 def _layer_mask(module, query, key, mask, sliding_window, is_causal,
@@ -121,7 +134,7 @@ def _layer_mask(module, query, key, mask, sliding_window, is_causal,
             return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=sliding_window), None
         return _once(mask, ("ids", sliding_window, device), from_ids)
     if isinstance(mask, OmniMaskSpec):
-        return _once(mask, ("spec", device), lambda: block_mask_from_spec(mask, device, kwargs.get("cu_seq_lens_k")))
+        return _spec_mask(mask, device, kwargs.get("cu_seq_lens_k"))
     if mask is None:
         return OmniBlockMask.causal(q_len, kv_len, window=sliding_window), None  # implicit: nothing built
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
@@ -162,6 +175,11 @@ def _check_block_mask_kwarg(block_mask, batch: int, q_len: int, kv_len: int) -> 
                          f"cached before them), got q_len={block_mask.q_len}, kv_len={block_mask.kv_len}")
     if block_mask.batch not in (1, batch):
         raise ValueError(f"omni_block_mask: expected batch 1 or {batch} (that of input_ids), got {block_mask.batch}")
+
+
+def _spec_mask(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
+    """`block_mask_from_spec`, once per forward and device."""
+    return _once(spec, ("spec", device), lambda: block_mask_from_spec(spec, device, cu_seq_lens_k))
 
 
 def _once(spec, key, build: Callable):
