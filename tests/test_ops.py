@@ -91,10 +91,12 @@ def test_backend_override_reference_and_bad_value(monkeypatch):
         omni_attention(q, k, v, mask)
 
 
-def bad_inputs():
-    """(name, call arguments, exception, message) for every check of omni_attention."""
+def bad_inputs(device="cpu", dtype=torch.float32):
+    """(name, call arguments, exception, message) for every check of omni_attention, its tensors on ``device`` in
+    ``dtype`` (on a GPU the CUDA op refuses most of them and omni_attention names the argument)."""
     mask, _ = interleaved(batch=2)
-    q, k, v = qkv()
+    mask = mask.to(device)
+    q, k, v = (x.to(device, dtype) for x in qkv())
     cases = [
         ("q not a tensor", (q.tolist(), k, v, mask), {}, TypeError, "q: expected a torch.Tensor"),
         ("3-dim q", (q[0], k, v, mask), {}, ValueError, "q: expected 4 dims"),
@@ -110,10 +112,10 @@ def bad_inputs():
         ("dense mask", (q, k, v, mask.to_dense()), {}, TypeError, "block_mask: expected an OmniBlockMask"),
         ("mask lengths", (q[:, :, :100], k, v, mask), {}, ValueError, "block_mask: expected q_len=100"),
         ("mask batch", (q[:1], k[:1], v[:1], mask), {}, ValueError, "block_mask: expected batch 1 or 1"),
-        ("mask heads", (q, k, v, OmniBlockMask.from_dense(torch.ones(1, 3, 200, 200, dtype=torch.bool))), {},
-         ValueError, "block_mask: expected heads 1 or Hq=4"),
+        ("mask heads", (q, k, v, OmniBlockMask.from_dense(torch.ones(1, 3, 200, 200, dtype=torch.bool)).to(device)),
+         {}, ValueError, "block_mask: expected heads 1 or Hq=4"),
         ("doc ids batch", (q, k, v, dataclasses.replace(mask, token_rule=dataclasses.replace(
-            mask.token_rule, doc_ids=torch.zeros(3, 200, dtype=torch.int32)))), {},
+            mask.token_rule, doc_ids=torch.zeros(3, 200, dtype=torch.int32, device=device)))), {},
          ValueError, "block_mask.token_rule.doc_ids: expected batch"),
         ("scale", (q, k, v, mask), {"scale": float("nan")}, ValueError, "scale: expected a finite float"),
         ("softcap", (q, k, v, mask), {"softcap": -1.0}, ValueError, "softcap: expected a positive"),
@@ -123,6 +125,16 @@ def bad_inputs():
 
 @pytest.mark.parametrize("args, kwargs, error, message", bad_inputs())
 def test_bad_input_names_the_argument(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        omni_attention(*args, **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("args, kwargs, error, message",
+                         bad_inputs("cuda", torch.bfloat16) if torch.cuda.is_available() else [])
+def test_bad_input_on_the_gpu_names_the_argument(args, kwargs, error, message, monkeypatch):
+    """The CUDA op checks the tensors itself (csrc/host/torch_ops.cpp); what it refuses, omni_attention names."""
+    monkeypatch.setenv("OMNI_HF_BACKEND", "auto")
     with pytest.raises(error, match=message):
         omni_attention(*args, **kwargs)
 

@@ -10,11 +10,12 @@
 //       the token ranges
 //
 // <row view> / <column view> = num_blocks, indices, types, partial, pool, doc_ids, group_ids, token_ranges: each
-// optional (absent for the implicit mask kinds, which need no lists). Python (omni_hf/ops/library.py) checks the
-// user's inputs and names them in its errors; the checks here guard the ABI and raise RuntimeError. Any q / k / v / dout
-// layout is taken (what the kernels' 16-byte loads cannot read is copied first), and outputs follow their input's
-// layout (output_strides): a transposed [B, S, H, D] q gives out and dq in that layout, so Transformers' transpose
-// back is free.
+// optional (absent for the implicit mask kinds, which need no lists). The checks here cover what the kernels' reads
+// rely on (one device, agreeing shapes, dtypes, lists and ids that broadcast over q) and raise RuntimeError;
+// omni_hf/ops/attention.py checks the rest (the mask's lengths, the scalars) and, when an op refuses its inputs,
+// names the argument at fault. q / k / v of any strides with the last dim contiguous, and any dout, are taken (what
+// the kernels' 16-byte loads cannot read is copied first); outputs follow their input's layout (output_strides): a
+// transposed [B, S, H, D] q gives out and dq in that layout, so Transformers' transpose back is free.
 #include <cuda_runtime.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
@@ -110,21 +111,53 @@ OmniTensor view4(const Tensor& t, const char* name) {
 }
 
 // The raw pointer of an optional contiguous tensor of `type` (nullptr when absent).
-void* pointer(const OptTensor& t, ScalarType type, const char* name) {
+void* pointer(const OptTensor& t, ScalarType type, const char* name, int32_t device) {
   if (!t.has_value()) return nullptr;
-  STD_TORCH_CHECK(t->scalar_type() == type && t->is_contiguous() && t->is_cuda(), name,
-                  ": expected a contiguous CUDA tensor of the list dtype");
+  STD_TORCH_CHECK(t->scalar_type() == type && t->is_contiguous() && t->is_cuda() && t->get_device_index() == device,
+                  name, ": expected a contiguous tensor of the list dtype on q's CUDA device");
   return t->data_ptr();
+}
+
+// q, k and v as the kernels read them: on one CUDA device, the last dim contiguous (any other stride is copied where
+// the loads cannot read it: readable), k with q's batch and head dim, v shaped as k (their dtypes: element_dtype).
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  STD_TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: expected 4-d tensors [B, H, S, D]");
+  STD_TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v: expected the last dim contiguous");
+  STD_TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && k.get_device_index() == q.get_device_index() &&
+                      v.get_device_index() == q.get_device_index(),
+                  "q, k, v: expected tensors on one CUDA device");
+  STD_TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k: expected the batch and head dim of q");
+  STD_TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2) && v.size(3) == k.size(3),
+                  "v: expected the shape of k");
+}
+
+// The mask's lists broadcast over q's batch and heads (batch and heads 1 or q's), its ids over the batch with one id
+// per key.
+void check_mask_extent(const OptTensor& num, const OptTensor& doc, const OptTensor& grp, const Tensor& q,
+                       const Tensor& k) {
+  const int64_t batch = q.size(0), heads = q.size(1), kv_len = k.size(2);
+  if (num.has_value()) {
+    STD_TORCH_CHECK((num->size(0) == 1 || num->size(0) == batch) && (num->size(1) == 1 || num->size(1) == heads),
+                    "block lists: expected batch 1 or ", batch, " and heads 1 or ", heads);
+  }
+  for (const OptTensor* ids : {&doc, &grp}) {
+    if (!ids->has_value()) continue;
+    STD_TORCH_CHECK((*ids)->dim() == 2 && ((*ids)->size(0) == 1 || (*ids)->size(0) == batch) &&
+                        (*ids)->size(1) == kv_len,
+                    "token ids: expected [1 or ", batch, ", kv_len=", kv_len, "]");
+  }
+  STD_TORCH_CHECK(!doc.has_value() || !grp.has_value() || doc->size(0) == grp->size(0),
+                  "token ids: expected doc_ids and group_ids of one batch");
 }
 
 // One view of the block lists: num [B|1, H|1, rows], indices / types / partial [B|1, H|1, rows, maxBlocks].
 OmniBlockList block_list(const OptTensor& num, const OptTensor& indices, const OptTensor& types,
-                         const OptTensor& partial) {
+                         const OptTensor& partial, int32_t device) {
   OmniBlockList list{};
-  list.num_blocks = static_cast<const int32_t*>(pointer(num, ScalarType::Int, "num_blocks"));
-  list.indices = static_cast<const int32_t*>(pointer(indices, ScalarType::Int, "indices"));
-  list.types = static_cast<const int8_t*>(pointer(types, ScalarType::Char, "types"));
-  list.partial = static_cast<const int32_t*>(pointer(partial, ScalarType::Int, "partial"));
+  list.num_blocks = static_cast<const int32_t*>(pointer(num, ScalarType::Int, "num_blocks", device));
+  list.indices = static_cast<const int32_t*>(pointer(indices, ScalarType::Int, "indices", device));
+  list.types = static_cast<const int8_t*>(pointer(types, ScalarType::Char, "types", device));
+  list.partial = static_cast<const int32_t*>(pointer(partial, ScalarType::Int, "partial", device));
   if (num.has_value() && indices.has_value()) {
     STD_TORCH_CHECK(num->dim() == 3 && indices->dim() == 4, "block lists: expected num [B, H, rows] and lists "
                     "[B, H, rows, maxBlocks]");
@@ -140,17 +173,17 @@ OmniBlockList block_list(const OptTensor& num, const OptTensor& indices, const O
 // The mask of one call from the view's tensors and sizes (see the file comment).
 OmniMask make_mask(const OptTensor& num, const OptTensor& indices, const OptTensor& types, const OptTensor& partial,
                    const OptTensor& pool, const OptTensor& doc, const OptTensor& grp, const OptTensor& ranges,
-                   int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, bool row_view) {
+                   int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, bool row_view, int32_t device) {
   OmniMask m{};
   m.kind = static_cast<int32_t>(kind);
-  (row_view ? m.kv : m.q) = block_list(num, indices, types, partial);
-  m.partial_pool = static_cast<const int32_t*>(pointer(pool, ScalarType::Int, "partial_pool"));
+  (row_view ? m.kv : m.q) = block_list(num, indices, types, partial, device);
+  m.partial_pool = static_cast<const int32_t*>(pointer(pool, ScalarType::Int, "partial_pool", device));
   m.num_partial = pool.has_value() ? static_cast<int32_t>(pool->size(0)) : 0;
-  m.doc_ids = static_cast<const int32_t*>(pointer(doc, ScalarType::Int, "doc_ids"));
-  m.group_ids = static_cast<const int32_t*>(pointer(grp, ScalarType::Int, "group_ids"));
+  m.doc_ids = static_cast<const int32_t*>(pointer(doc, ScalarType::Int, "doc_ids", device));
+  m.group_ids = static_cast<const int32_t*>(pointer(grp, ScalarType::Int, "group_ids", device));
   const OptTensor& ids = doc.has_value() ? doc : grp;
   m.ids_stride_b = ids.has_value() && ids->size(0) > 1 ? ids->stride(0) : 0;
-  m.token_ranges = static_cast<const int32_t*>(pointer(ranges, ScalarType::Int, "token_ranges"));
+  m.token_ranges = static_cast<const int32_t*>(pointer(ranges, ScalarType::Int, "token_ranges", device));
   if (ranges.has_value()) {
     STD_TORCH_CHECK(doc.has_value() && ranges->dim() == 3 && ranges->size(0) == doc->size(0) &&
                         ranges->size(1) == doc->size(1) && ranges->size(2) == 4,
@@ -188,12 +221,14 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
                                OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges,
                                int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, double scale,
                                double softcap) {
+  check_qkv(q, k, v);
+  check_mask_extent(num, doc, grp, q, k);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
   Tensor out = output_like(q);
   const Tensor q_in = readable(q), k_in = readable(k), v_in = readable(v);  // alive until the launch
   const OmniMask mask = make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
-                                  true);
+                                  true, q.get_device_index());
   OmniFwdParams p = fwd_params(q_in, k_in, v_in, mask, scale, softcap, stream);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, aoti_torch_dtype_float32(), q);
   poison(out, stream);
@@ -217,6 +252,18 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                                        OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind,
                                        int64_t block_q, int64_t block_kv, int64_t window, double scale,
                                        double softcap) {
+  check_qkv(q, k, v);
+  check_mask_extent(num, doc, grp, q, k);
+  for (const Tensor* t : {&dout, &out}) {
+    STD_TORCH_CHECK(t->dim() == 4 && t->is_cuda() && t->get_device_index() == q.get_device_index() &&
+                        t->size(0) == q.size(0) && t->size(1) == q.size(1) && t->size(2) == q.size(2) &&
+                        t->size(3) == q.size(3),
+                    "dout, out: expected the shape of q on its device");
+  }
+  STD_TORCH_CHECK(lse.dim() == 3 && lse.is_cuda() && lse.get_device_index() == q.get_device_index() &&
+                      lse.scalar_type() == ScalarType::Float && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) &&
+                      lse.size(2) == q.size(2),
+                  "lse: expected float32 [B, Hq, Sq] of q on its device");
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
   Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
@@ -225,7 +272,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                dout_in = readable(dout);  // alive until the launches
   OmniBwdParams p{};
   p.fwd = fwd_params(q_in, k_in, v_in, make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                                block_q, block_kv, window, false), scale, softcap, stream);
+                                                block_q, block_kv, window, false, q.get_device_index()), scale,
+                     softcap, stream);
   p.fwd.out = view4(out_in, "out");
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
@@ -263,8 +311,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   STD_TORCH_CHECK(doc.dim() == 2 && grp.dim() == 2 && doc.size(0) == grp.size(0) && doc.size(1) == grp.size(1),
                   "doc_ids, group_ids: expected one shape [B, kv_len]");
   OmniTokenMaskParams p{};
-  p.doc_ids = static_cast<const int32_t*>(pointer(doc, ScalarType::Int, "doc_ids"));
-  p.group_ids = static_cast<const int32_t*>(pointer(grp, ScalarType::Int, "group_ids"));
+  p.doc_ids = static_cast<const int32_t*>(pointer(doc, ScalarType::Int, "doc_ids", doc.get_device_index()));
+  p.group_ids = static_cast<const int32_t*>(pointer(grp, ScalarType::Int, "group_ids", doc.get_device_index()));
   const int64_t batch = doc.size(0), kv_len = doc.size(1);
   const int64_t num_q = (q_len + block_q - 1) / block_q, num_kv = (kv_len + block_kv - 1) / block_kv;
   const Lists row = list_outputs(batch, num_q, num_kv, doc), col = list_outputs(batch, num_kv, num_q, doc);

@@ -59,15 +59,20 @@ def omni_attention(
     """
     if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
         q, k, v = _autocast(q, k, v)
-    _check_inputs(q, k, v, block_mask, scale, softcap)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    softcap = float(softcap or 0.0)
+    if not _mask_and_scalars_fit(q, k, block_mask, scale, softcap):
+        _explain_inputs(q, k, v, block_mask, scale, softcap)
     tensors, sizes = block_mask.as_tuple()
-    backend = _backend(q, sizes)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale, softcap)
-    else:
-        out, lse = _forward(backend, q, k, v, tensors, sizes, scale, softcap)
+    backend = _checked_backend(q, k, v, block_mask, sizes, scale, softcap)
+    scale_f = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    try:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale_f, float(softcap or 0.0))
+        else:
+            out, lse = _forward(backend, q, k, v, tensors, sizes, scale_f, float(softcap or 0.0))
+    except RuntimeError:
+        if backend == _CUDA:  # the op refused the inputs: name the argument at fault, where Python can tell
+            _explain_inputs(q, k, v, block_mask, scale, softcap)
+        raise
     return (out, lse) if return_lse else out
 
 
@@ -157,20 +162,20 @@ def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
 _warned_fallback = False
 
 
-def _backend(q: torch.Tensor, mask_sizes: tuple[int, ...]) -> str:
-    """"cuda" where the library's kernels can run the call (q, k, v already checked to agree), else "reference"."""
+def _checked_backend(q, k, v, block_mask, mask_sizes: tuple[int, ...], scale, softcap) -> str:
+    """"cuda" where the library's kernels can run the call (its op checks the tensors), else "reference" once every
+    input is checked (`_check_inputs`: the reference takes any tensors)."""
     choice = os.environ.get("OMNI_HF_BACKEND", "auto")
-    if choice == "reference" or (choice == "auto" and not q.is_cuda):
-        return _REFERENCE
-    if choice not in ("auto", "cuda"):
+    if choice not in ("auto", "cuda", "reference"):
         raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
-    reason = library.unsupported_reason(q, mask_sizes)
+    reason = "OMNI_HF_BACKEND=reference" if choice == "reference" else library.unsupported_reason(q, mask_sizes)
     if reason is None:
         return _CUDA
+    _check_inputs(q, k, v, block_mask, scale, softcap)
     if choice == "cuda":
         raise RuntimeError(f"OMNI_HF_BACKEND=cuda, but the CUDA kernels cannot run these inputs: {reason}")
     global _warned_fallback
-    if not _warned_fallback:
+    if choice == "auto" and q.is_cuda and not _warned_fallback:
         _warned_fallback = True
         warnings.warn(f"omni_attention: running the PyTorch reference on the GPU ({reason}); it is about 100x "
                       f"slower than the CUDA kernels, which take float16 / bfloat16 and head dims up to "
@@ -188,6 +193,16 @@ def _autocast(q, k, v):
         dtype = torch.get_autocast_dtype(q.device.type)
         return tuple(t.to(dtype) for t in tensors)
     return tensors
+
+
+def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:
+    """The checks the CUDA ops leave to Python: the mask, its lengths against q's and k's, the scale and softcap."""
+    try:
+        return (type(block_mask) is OmniBlockMask and block_mask.q_len == q.shape[2] and block_mask.kv_len == k.shape[2]
+                and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
+                and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
+    except (AttributeError, TypeError, IndexError):
+        return False
 
 
 def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
