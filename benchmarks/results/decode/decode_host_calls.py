@@ -1,13 +1,12 @@
 """Host time of one decode step's attention call, piece by piece, omni against SDPA-FA2: q ``[B, 32, 1, 64]`` (the
 transposed ``[B, 1, 32, 64]`` Transformers hands over), k / v ``[B, 8, 1088, 64]`` bf16, B 1 and 8. Each line calls
-its piece 3000 times without a sync (the GPU keeps up: the host is the bound), five rounds, the median per call.
+its piece in five bursts of 3000 calls without a sync (`benchmarks.bench_launch.host_us`: the GPU keeps up, the host
+is the bound), the median per call.
 
     python benchmarks/results/decode/decode_host_calls.py
 """
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.getcwd())
 
@@ -17,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import causal_mask_function
 
+from benchmarks.bench_launch import host_us
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.integrations.transformers import attention as integration, spec as spec_module
 from omni_hf.ops import attention as ops_attention, library
@@ -25,19 +25,6 @@ from omni_hf.ops import attention as ops_attention, library
 class Layer(torch.nn.Module):
     is_causal = True
     num_key_value_groups = 4
-
-
-def host_us(fn, calls=3000, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per_call)
 
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -68,4 +55,4 @@ for batch in (1, 8):
     }
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         for name, fn in pieces.items():
-            print(f"batch {batch} {name:28s} {host_us(fn):6.1f} us", flush=True)
+            print(f"batch {batch} {name:28s} {host_us(fn, calls=15000, burst=3000):6.1f} us", flush=True)
