@@ -208,23 +208,25 @@ def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:
 def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
     """Raise TypeError / ValueError naming the argument, what was expected and what was received.
 
-    The common case is accepted by one compound test; anything else goes through `_explain_inputs`, which
+    The common case is accepted by two compound tests; anything else goes through `_explain_inputs`, which
     finds and reports the first problem."""
+    if not (_mask_and_scalars_fit(q, k, block_mask, scale, softcap) and _tensors_fit(q, k, v, block_mask)):
+        _explain_inputs(q, k, v, block_mask, scale, softcap)
+
+
+def _tensors_fit(q, k, v, block_mask: OmniBlockMask) -> bool:
+    """Whether q, k and v agree (shapes, dtypes, device, a contiguous last dim) and the mask's block lists and token
+    ids broadcast over q's batch and heads on q's device (the mask's kind and lengths: `_mask_and_scalars_fit`)."""
     try:
         qs, ks, device, dtype = q.shape, k.shape, q.device, q.dtype
-        fine = (len(qs) == 4 and len(ks) == 4 and ks == v.shape and ks[0] == qs[0] and ks[3] == qs[3]
+        return (len(qs) == 4 and len(ks) == 4 and ks == v.shape and ks[0] == qs[0] and ks[3] == qs[3]
                 and qs[1] % ks[1] == 0 and qs[3] % 8 == 0 and qs[3] <= MAX_HEAD_DIM
                 and dtype in SUPPORTED_DTYPES and k.dtype is dtype and v.dtype is dtype
                 and k.device == device and v.device == device
                 and q.stride()[3] == 1 and k.stride()[3] == 1 and v.stride()[3] == 1
-                and type(block_mask) is OmniBlockMask and block_mask.q_len == qs[2] and block_mask.kv_len == ks[2]
-                and (block_mask.implicit or _block_lists_fit(block_mask, qs, device))
-                and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
-                and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
+                and (block_mask.implicit or _block_lists_fit(block_mask, qs, device)))
     except (AttributeError, TypeError, IndexError):
-        fine = False
-    if not fine:
-        _explain_inputs(q, k, v, block_mask, scale, softcap)
+        return False
 
 
 def _block_lists_fit(block_mask: OmniBlockMask, q_shape: torch.Size, device: torch.device) -> bool:
