@@ -63,12 +63,12 @@ def omni_attention(
         _explain_inputs(q, k, v, block_mask, scale, softcap)
     tensors, sizes = block_mask.as_tuple()
     backend = _checked_backend(q, k, v, block_mask, sizes, scale, softcap)
-    scale_f = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scalars = q.shape[-1] ** -0.5 if scale is None else float(scale), float(softcap or 0.0)
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, scale_f, float(softcap or 0.0))
+            out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, *scalars)
         else:
-            out, lse = _forward(backend, q, k, v, tensors, sizes, scale_f, float(softcap or 0.0))
+            out, lse = _forward(backend, q, k, v, tensors, sizes, *scalars)
     except RuntimeError:
         if backend == _CUDA:  # the op refused the inputs: name the argument at fault, where Python can tell
             _explain_inputs(q, k, v, block_mask, scale, softcap)
