@@ -5,7 +5,9 @@ fake implementations, `omni_hf.ops.library`) where they can run it, otherwise th
 custom ops ``omni_hf::reference_forward`` / ``omni_hf::reference_backward`` for ``torch.compile``, called directly
 in eager mode). ``OMNI_HF_BACKEND=cuda|reference`` forces one. One `torch.autograd.Function` ties forward and
 backward together, so ``torch.compile(fullgraph=True)`` traces a training step without a graph break; a call
-that needs no gradient skips it. The per-call path is kept short: host time matters at small sizes.
+that needs no gradient skips it. The per-call path is kept short: host time matters at small sizes. A call is
+prepared (`prepare_call`: checks, backend, the mask flattened) and then run (`run_call`); Transformers' layers
+reuse one prepared call per forward (`omni_hf.integrations.transformers.attention`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -57,23 +59,62 @@ def omni_attention(
         q gives an out whose transpose is contiguous); with ``return_lse``, also lse float32 ``[B, Hq, Sq]``
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
-    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
-        q, k, v = _autocast(q, k, v)
+    q, k, v = cast_for_autocast(q, k, v)
+    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v)
+    return (out, lse) if return_lse else out
+
+
+class PreparedCall(NamedTuple):
+    """What `prepare_call` resolves of a call, so that `run_call` runs it on any q, k, v of the same device, dtype
+    and shapes (Transformers' layers of one forward reuse it).
+
+    Attributes:
+        backend: "cuda" (the library's ops) or "reference".
+        mask_tensors, mask_sizes: the mask flattened (`OmniBlockMask.as_tuple`).
+        scale: float; softcap: float, 0.0 for none.
+    """
+
+    backend: str
+    mask_tensors: tuple[torch.Tensor | None, ...]
+    mask_sizes: tuple[int, ...]
+    scale: float
+    softcap: float
+
+
+def cast_for_autocast(q, k, v) -> tuple:
+    """q, k and v in the autocast dtype where autocast is on for q's device (as SDPA: RoPE hands float32 q and k,
+    the linear a bf16 v), else as given."""
+    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled("cuda" if q.is_cuda else q.device.type):
+        tensors = (q, k, v)
+        if all(isinstance(t, torch.Tensor) for t in tensors):
+            dtype = torch.get_autocast_dtype(q.device.type)
+            return tuple(t.to(dtype) for t in tensors)
+    return q, k, v
+
+
+def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
+    """`omni_attention`'s checks and backend choice, and the mask flattened for it (arguments as there); raises
+    TypeError / ValueError naming the argument."""
     if not _mask_and_scalars_fit(q, k, block_mask, scale, softcap):
         _explain_inputs(q, k, v, block_mask, scale, softcap)
     tensors, sizes = block_mask.as_tuple()
     backend = _checked_backend(q, k, v, block_mask, sizes, scale, softcap)
-    scalars = q.shape[-1] ** -0.5 if scale is None else float(scale), float(softcap or 0.0)
+    return PreparedCall(backend, tensors, sizes, q.shape[-1] ** -0.5 if scale is None else float(scale),
+                        float(softcap or 0.0))
+
+
+def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
+    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell."""
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = _Attention.apply(q, k, v, backend, tensors, sizes, *scalars)
-        else:
-            out, lse = _forward(backend, q, k, v, tensors, sizes, *scalars)
+            return _Attention.apply(q, k, v, *call)
+        return _forward(q, k, v, *call)
     except RuntimeError:
-        if backend == _CUDA:  # the op refused the inputs: name the argument at fault, where Python can tell
-            _explain_inputs(q, k, v, block_mask, scale, softcap)
+        if call.backend == _CUDA:
+            _explain_inputs(q, k, v, OmniBlockMask.from_tuple(call.mask_tensors, call.mask_sizes), call.scale,
+                            call.softcap or None)
         raise
-    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------- backends
@@ -81,7 +122,7 @@ def omni_attention(
 _CUDA, _REFERENCE = "cuda", "reference"
 
 
-def _forward(backend: str, q, k, v, mask_tensors, mask_sizes, scale: float, softcap: float):
+def _forward(q, k, v, backend: str, mask_tensors, mask_sizes, scale: float, softcap: float):
     """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask.as_tuple`; the reference runs as its
     custom op while compiling (opaque to Dynamo)."""
     if backend == _CUDA:
@@ -110,7 +151,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, backend, mask_tensors, mask_sizes, scale, softcap):
-        out, lse = _forward(backend, q, k, v, mask_tensors, mask_sizes, scale, softcap)
+        out, lse = _forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = backend, mask_tensors, mask_sizes, scale, softcap
         ctx.mark_non_differentiable(lse)
@@ -184,15 +225,6 @@ def _checked_backend(q, k, v, block_mask, mask_sizes: tuple[int, ...], scale, so
 
 
 # ---------------------------------------------------------------------- checks
-
-
-def _autocast(q, k, v):
-    """As SDPA: under autocast, run in the autocast dtype (RoPE hands float32 q and k, the linear a bf16 v)."""
-    tensors = (q, k, v)
-    if all(isinstance(t, torch.Tensor) for t in tensors):
-        dtype = torch.get_autocast_dtype(q.device.type)
-        return tuple(t.to(dtype) for t in tensors)
-    return tensors
 
 
 def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:

@@ -3,7 +3,8 @@
 `register` adds "omni" to Transformers' `AttentionInterface` and `AttentionMaskInterface`. The mask function,
 `omni_mask`, runs where a model creates its masks and returns an `OmniMaskSpec` (sizes, offsets, the 2D
 padding mask and Transformers' mask function), never a dense mask. Every layer receives that spec; the first
-one builds the `OmniBlockMask` and caches it there, so the mask is built once per forward.
+one builds the `OmniBlockMask` and caches it there with the call prepared for it (`omni_hf.ops.attention.prepare_call`:
+checks and backend), so both happen once per forward.
 
 `omni_attention_forward` picks its mask, first match wins:
 
@@ -43,7 +44,7 @@ from transformers.utils import logging
 
 from ...mask import OmniBlockMask
 from ...mask.validation import check_ids_from_minus_one, describe_value
-from ...ops import omni_attention
+from ...ops.attention import PreparedCall, cast_for_autocast, prepare_call, run_call
 from .model_support import UNSUPPORTED_FEATURES
 from .spec import OmniMaskSpec, block_mask_from_spec, cu_segments
 
@@ -83,16 +84,19 @@ def omni_attention_forward(
         raise ValueError("`omni` attention does not support attention dropout. Use the model in eval mode "
                          "(`model.eval()`) or set the attention dropout of its config to 0.")
     if _SPECIAL_KWARGS.isdisjoint(kwargs) and type(attention_mask) is OmniMaskSpec:  # a model's call: the short way
-        block_mask, key_order = _spec_mask(attention_mask, query.device, None)
+        query, key, value = cast_for_autocast(query, key, value)
+        call, key_order = _spec_call(attention_mask, query, key, value, scaling, softcap)
     else:
         _check_kwargs(kwargs)
         if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
             out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
             return out.transpose(1, 2).contiguous(), None
         block_mask, key_order = _layer_mask(module, query, key, attention_mask, sliding_window, is_causal, kwargs)
+        query, key, value = cast_for_autocast(query, key, value)
+        call = prepare_call(query, key, value, block_mask, scaling, softcap)
     if key_order is not None:
         key, value = key.index_select(2, key_order), value.index_select(2, key_order)
-    out = omni_attention(query, key, value, block_mask, scale=scaling, softcap=softcap)
+    out, _ = run_call(call, query, key, value)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -180,6 +184,17 @@ def _check_block_mask_kwarg(block_mask, batch: int, q_len: int, kv_len: int) -> 
 def _spec_mask(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """`block_mask_from_spec`, once per forward and device."""
     return _once(spec, ("spec", device), lambda: block_mask_from_spec(spec, device, cu_seq_lens_k))
+
+
+def _spec_call(spec: OmniMaskSpec, query, key, value, scaling, softcap) -> tuple[PreparedCall, torch.Tensor | None]:
+    """The prepared call of the spec's mask and the key order it assumes, once per forward for each device, dtype,
+    shapes and scalars of the layers' calls (so the checks and the backend choice run once per forward)."""
+    signature = query.device, query.dtype, query.shape, key.shape, scaling, softcap
+    found = spec.built.get(signature)
+    if found is None:
+        block_mask, key_order = _spec_mask(spec, query.device, None)
+        found = spec.built[signature] = prepare_call(query, key, value, block_mask, scaling, softcap), key_order
+    return found
 
 
 def _once(spec, key, build: Callable):
