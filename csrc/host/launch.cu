@@ -1,5 +1,5 @@
-// allow_dynamic_smem, resident_ctas and multiprocessors (host/launch.cuh): the per-device lookups every launcher
-// shares.
+// allow_dynamic_smem, resident_ctas, multiprocessors and compute_capability (host/launch.cuh): the per-device lookups
+// every launcher shares.
 #include <map>
 #include <mutex>
 #include <set>
@@ -48,13 +48,40 @@ int resident_ctas(const void* kernel, int threads, int smem_bytes, int* count) {
   return OMNI_OK;
 }
 
-int multiprocessors() {
-  constexpr int kMaxDevices = 64;
-  static int count[kMaxDevices] = {};
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// The attribute `lookup` of the current device, asked once per device into `known` (0: not yet known or failed).
+template <typename Lookup>
+int per_device(int (&known)[kMaxDevices], Lookup lookup) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
-  if (count[device] == 0) cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device);
-  return count[device] > 0 ? count[device] : 1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  if (known[device] == 0) known[device] = lookup(device);
+  return known[device];
+}
+
+}  // namespace
+
+int multiprocessors() {
+  static int count[kMaxDevices] = {};
+  const int n = per_device(count, [](int device) {
+    int value = 0;
+    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
+    return value;
+  });
+  return n > 0 ? n : 1;
+}
+
+int compute_capability() {
+  static int capability[kMaxDevices] = {};
+  return per_device(capability, [](int device) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return 0;
+    return major * 10 + minor;
+  });
 }
 
 }  // namespace omni

@@ -1,4 +1,4 @@
-// Host helpers shared by the launchers of every kernel.
+// Host helpers shared by the launchers of every kernel: per-device facts, each looked up once per device.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,5 +16,8 @@ int resident_ctas(const void* kernel, int threads, int smem_bytes, int* count);
 
 // Multiprocessors of the current device (looked up once per device; 1 if the lookup fails).
 int multiprocessors();
+
+// Compute capability of the current device as major * 10 + minor (looked up once per device; 0 if the lookup fails).
+int compute_capability();
 
 }  // namespace omni

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "host/params_check.cuh"
 #include "host/status.cuh"
 
@@ -54,14 +55,13 @@ int check_list(const OmniBlockList& list, int rows, const char* name) {
 }
 
 int check_device() {
-  int device = 0, major = 0, minor = 0;
+  const int capability = compute_capability();  // looked up once per device
+  if (capability >= 80) return OMNI_OK;
+  int device = 0;
   if (int s = check_cuda(cudaGetDevice(&device), "cudaGetDevice")) return s;
-  if (int s = check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                         "cudaDeviceGetAttribute"))
-    return s;
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (major < 8) return fail(OMNI_ERR_ARCH, "device %d has compute capability %d.%d; sm_80 or newer needed", device, major, minor);
-  return OMNI_OK;
+  if (capability == 0) return fail(OMNI_ERR_CUDA, "the compute capability of device %d could not be read", device);
+  return fail(OMNI_ERR_ARCH, "device %d has compute capability %d.%d; sm_80 or newer needed", device, capability / 10,
+              capability % 10);
 }
 
 int check_tensor(const OmniTensor& t, const char* name) {

@@ -6,27 +6,12 @@
 
 #include "decode/decode.cuh"
 #include "host/dispatch.cuh"
+#include "host/launch.cuh"
 #include "host/tuning.cuh"
 #include "sm90/tma.cuh"
 
 namespace omni::tuning {
 namespace {
-
-constexpr int kMaxDevices = 64;
-
-// Compute capability major * 10 + minor of each device, looked up once (0: not yet known).
-bool device_is_sm90() {
-  static int capability[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  if (capability[device] == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    capability[device] = major * 10 + minor;
-  }
-  return capability[device] == 90;
-}
 
 bool disabled_by_env() {
   const char* v = std::getenv("OMNI_HF_DISABLE_SM90");
@@ -35,7 +20,7 @@ bool disabled_by_env() {
 
 // Hopper, not switched off, and q, k, v readable by TMA (which needs q_len and kv_len > 0).
 bool hopper_can_read(const OmniFwdParams& p) {
-  return !disabled_by_env() && device_is_sm90() && sm90::tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
+  return !disabled_by_env() && compute_capability() == 90 && sm90::tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
          sm90::tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) &&
          sm90::tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
 }
