@@ -3,7 +3,7 @@ noise than a generate: `bench_decode`'s ~1B Llama holds a 1024-token prompt in a
 token (attention mask of ones, as generate passes it) and the cache is cropped back, so every forward sees the same
 1025 keys. Bursts of 100 forwards per variant, the variants' turns rotated, a sync after each burst; the median burst.
 The variants of the omni model: its attention op replaced by SDPA-FA2's call (``omni_python``: omni's mask and
-attention functions, no omni kernel); its attention function replaced by Transformers' sdpa one (``omni_mask_only``);
+attention functions, no omni kernel) or by nothing (``omni_no_op``: q handed back as the output, omni's Python alone); its attention function replaced by Transformers' sdpa one (``omni_mask_only``);
 its mask function replaced by Transformers' sdpa one (``omni_sdpa_mask``: omni's attention gets no mask); its config
 switched to sdpa (``omni_model_as_sdpa``: the omni model's instance, nothing of omni's).
 
@@ -31,10 +31,15 @@ from omni_hf.ops import attention as ops_attention
 FORWARDS = 100
 
 
-def fa2_forward(backend, q, k, v, mask_tensors, mask_sizes, scale, softcap):
+def fa2_forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap):
     """omni's backend call for an implicit causal mask over as many keys as queries (the prompt) or one query,
     run by SDPA-FA2."""
     return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=q.shape[2] > 1, enable_gqa=True), None
+
+
+def no_forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap):
+    """No attention: q handed back as the output (its layout is the op's), so that only omni's Python runs."""
+    return q, None
 
 
 def sdpa_without_mask(module, query, key, value, attention_mask, **kwargs):
@@ -48,6 +53,8 @@ def variant(name, omni_model):
     original = ops_attention._forward
     if name == "omni_python":
         ops_attention._forward = fa2_forward
+    if name == "omni_no_op":
+        ops_attention._forward = no_forward
     if name == "omni_mask_only":
         AttentionInterface.register("omni", sdpa_without_mask)
     if name == "omni_sdpa_mask":

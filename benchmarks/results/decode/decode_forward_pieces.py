@@ -1,6 +1,6 @@
 """Host time of the attention function's pieces inside real decode forwards (`decode_forward_host.py`'s fixed-length
 cache, 100 forwards per burst, 10 bursts): each piece wrapped in a host clock, the mean per call. omni: its attention
-function, `omni_attention`, the op, the checks, the backend choice and the layer's mask; SDPA-FA2: Transformers' sdpa
+function, its prepared call's lookup (`_spec_call`) and run (`run_call`), and the op; SDPA-FA2: Transformers' sdpa
 attention function and `F.scaled_dot_product_attention`.
 
     python benchmarks/results/decode/decode_forward_pieces.py
@@ -38,10 +38,8 @@ def clocked(name, fn):
 
 AttentionInterface.register("omni", clocked("omni_attention_forward", integration.omni_attention_forward))
 AttentionInterface.register("sdpa", clocked("sdpa_attention_forward", sdpa_module.sdpa_attention_forward))
-integration.omni_attention = clocked("omni_attention", integration.omni_attention)
-integration._layer_mask = clocked("_layer_mask", integration._layer_mask)
-ops_attention._check_inputs = clocked("_check_inputs", ops_attention._check_inputs)
-ops_attention._checked_backend = clocked("_checked_backend", ops_attention._checked_backend)
+integration._spec_call = clocked("_spec_call", integration._spec_call)
+integration.run_call = clocked("run_call", integration.run_call)
 library.forward = clocked("omni_hf::fwd (library.forward)", library.forward)
 torch.nn.functional.scaled_dot_product_attention = clocked("F.scaled_dot_product_attention",
                                                            torch.nn.functional.scaled_dot_product_attention)

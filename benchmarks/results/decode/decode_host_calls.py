@@ -39,15 +39,16 @@ for batch in (1, 8):
                                  attention_mask=padding)
     mask = OmniBlockMask.causal(1, kv)
     tensors, sizes = mask.as_tuple()
+    call = ops_attention.prepare_call(q, k, v, mask, 0.125, None)
     pieces = {
         "F.sdpa (FA2, enable_gqa)": lambda: F.scaled_dot_product_attention(q, k, v, scale=0.125, enable_gqa=True),
         "sdpa_attention_forward": lambda: sdpa_attention_forward(layer, q, k, v, None, scaling=0.125),
         "omni_hf::fwd op": lambda: library.forward(q, k, v, tensors, sizes, 0.125, 0.0),
         "omni_attention": lambda: omni_attention(q, k, v, mask, scale=0.125),
         "omni_attention_forward": lambda: integration.omni_attention_forward(layer, q, k, v, spec, scaling=0.125),
-        "  _check_inputs": lambda: ops_attention._check_inputs(q, k, v, mask, 0.125, None),
-        "  _checked_backend": lambda: ops_attention._checked_backend(q, k, v, mask, sizes, 0.125, None),
-        "  _layer_mask": lambda: integration._layer_mask(layer, q, k, spec, None, None, {}),
+        "  prepare_call": lambda: ops_attention.prepare_call(q, k, v, mask, 0.125, None),
+        "  run_call": lambda: ops_attention.run_call(call, q, k, v),
+        "  _spec_call (per forward once)": lambda: integration._spec_call(spec, q, k, v, 0.125, None),
         "sdpa mask's sync (per step)": lambda: bool(padding.sum() == padding.numel()),
         "omni_mask (per step)": lambda: spec_module.omni_mask(batch, 1, kv, q_offset=kv - 1,
                                                               mask_function=causal_mask_function,
@@ -55,4 +56,4 @@ for batch in (1, 8):
     }
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         for name, fn in pieces.items():
-            print(f"batch {batch} {name:28s} {host_us(fn, calls=15000, burst=3000):6.1f} us", flush=True)
+            print(f"batch {batch} {name:32s} {host_us(fn, calls=15000, burst=3000):6.1f} us", flush=True)
