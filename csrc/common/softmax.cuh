@@ -37,6 +37,14 @@ __forceinline__ __device__ float quad_allreduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// All 32 lanes of a warp.
+template <typename Op>
+__forceinline__ __device__ float warp_allreduce(float x, Op op) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/half.cuh"
+#include "common/softmax.cuh"
 #include "decode/split_kv.cuh"
 #include "host/dispatch.cuh"
 #include "host/status.cuh"
@@ -14,14 +15,6 @@ namespace omni {
 namespace {
 
 constexpr int kWarps = 4;  // warps of a merge CTA, which split the row's slices
-
-__device__ float warp_allreduce(float x, bool max) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, offset);
-    x = max ? fmaxf(x, y) : x + y;
-  }
-  return x;
-}
 
 template <bool kBf16, int kDim>
 __global__ void __launch_bounds__(32 * kWarps) merge_kernel(const OmniFwdParams p, const SplitPartials part) {
@@ -35,7 +28,7 @@ __global__ void __launch_bounds__(32 * kWarps) merge_kernel(const OmniFwdParams 
   // Every warp finds the max of the slices' LSEs (every 32nd slice to a lane), then sums its own slices.
   float lse_max = -INFINITY;
   for (int s = lane; s < part.slices; s += 32) lse_max = fmaxf(lse_max, part.lse[s * rows + n]);
-  lse_max = warp_allreduce(lse_max, true);
+  lse_max = warp_allreduce(lse_max, MaxOp{});
   float o[kPerLane] = {};
   float total = 0.f;
   if (lse_max != -INFINITY) {
