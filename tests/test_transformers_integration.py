@@ -620,6 +620,44 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     assert error < (2e-2 if low_precision(device) else 1e-5), error
 
 
+LAYER_SHAPES = [  # (query heads, KV heads, head dim, scaling, softcap) of layers sharing one forward's spec
+    (HEADS_Q, HEADS_KV, HEAD_DIM, 0.125, None), (HEADS_Q, HEADS_KV, HEAD_DIM, 0.3, None),
+    (HEADS_Q, HEADS_KV, HEAD_DIM, 0.125, 2.0), (8, 2, 32, None, None),
+]
+
+
+@pytest.mark.parametrize("case", ["causal, left padding", "decode, static cache", "sliding window, packed"])
+def test_layers_sharing_a_spec_each_run_with_their_own_heads_scale_and_softcap(case, device):
+    """A forward's layers share one spec, which keeps the mask and the call prepared for it: layers whose heads,
+    head dim, scale or softcap differ, called in turn and again, each get their own exact result, and a layer whose
+    keys do not match the spec is refused, naming the mask."""
+    case = MASK_CASES[case]
+    config = mask_config(case.layer)
+    arguments = case.arguments(config, device)
+    config._attn_implementation = "eager"
+    eager = case.creator(config=config, **arguments)
+    config._attn_implementation = "omni"
+    spec = case.creator(config=config, **arguments)
+    allowed = torch.ones(spec.shape, dtype=torch.bool, device=device) if eager is None else eager == 0
+    rows = case.query_rows(device)
+    gen = torch.Generator().manual_seed(7)
+    dtype = torch.bfloat16 if low_precision(device) else torch.float32
+    layers = []
+    for heads_q, heads_kv, dim, scaling, softcap in LAYER_SHAPES:
+        q = torch.randn(B, heads_q, spec.q_len, dim, generator=gen).to(device, dtype)
+        k, v = (torch.randn(B, heads_kv, spec.kv_len, dim, generator=gen).to(device, dtype) for _ in range(2))
+        expected, _ = naive_attention(q, k, v, allowed, dim ** -0.5 if scaling is None else scaling, softcap)
+        layers.append((q, k, v, scaling, softcap, expected))
+    for q, k, v, scaling, softcap, expected in layers + layers:
+        out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=scaling, softcap=softcap)
+        selected = rows[:, None].expand(-1, q.shape[1], -1)
+        error = relative_error(out.transpose(1, 2)[selected], expected[selected])
+        assert error < (2e-2 if low_precision(device) else 1e-5), (q.shape, scaling, softcap, error)
+    q, k, v = layers[0][:3]
+    with pytest.raises(ValueError, match="block_mask: expected"):
+        omni_attention_forward(torch.nn.Module(), q, k[:, :, 1:], v[:, :, 1:], spec, scaling=0.125)
+
+
 # ---------------------------------------------------------------------- torch.compile
 
 
