@@ -596,9 +596,8 @@ MASK_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(MASK_CASES))
-def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, device):
-    case = MASK_CASES[case]
+def spec_and_eager_mask(case: MaskCase, device) -> tuple[OmniMaskSpec, torch.Tensor]:
+    """The omni spec of ``case`` and, from the same call under "eager", the bool mask of allowed pairs."""
     config = mask_config(case.layer)
     arguments = case.arguments(config, device)
     config._attn_implementation = "eager"
@@ -608,6 +607,13 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     assert isinstance(spec, OmniMaskSpec)
     allowed = torch.ones(spec.shape, dtype=torch.bool, device=device) if eager is None else eager == 0
     assert allowed.shape[-2:] == spec.shape[-2:]
+    return spec, allowed
+
+
+@pytest.mark.parametrize("case", list(MASK_CASES))
+def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, device):
+    case = MASK_CASES[case]
+    spec, allowed = spec_and_eager_mask(case, device)
     gen = torch.Generator().manual_seed(4)
     dtype = torch.bfloat16 if low_precision(device) else torch.float32
     q = torch.randn(B, HEADS_Q, spec.q_len, HEAD_DIM, generator=gen).to(device, dtype)
@@ -632,13 +638,7 @@ def test_layers_sharing_a_spec_each_run_with_their_own_heads_scale_and_softcap(c
     head dim, scale or softcap differ, called in turn and again, each get their own exact result, and a layer whose
     keys do not match the spec is refused, naming the mask."""
     case = MASK_CASES[case]
-    config = mask_config(case.layer)
-    arguments = case.arguments(config, device)
-    config._attn_implementation = "eager"
-    eager = case.creator(config=config, **arguments)
-    config._attn_implementation = "omni"
-    spec = case.creator(config=config, **arguments)
-    allowed = torch.ones(spec.shape, dtype=torch.bool, device=device) if eager is None else eager == 0
+    spec, allowed = spec_and_eager_mask(case, device)
     rows = case.query_rows(device)
     gen = torch.Generator().manual_seed(7)
     dtype = torch.bfloat16 if low_precision(device) else torch.float32
