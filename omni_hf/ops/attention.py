@@ -103,7 +103,8 @@ def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
                         float(softcap or 0.0))
 
 
-def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
     the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell."""
     try:
