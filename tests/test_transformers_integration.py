@@ -661,14 +661,16 @@ def test_layers_sharing_a_spec_each_run_with_their_own_heads_scale_and_softcap(c
 # ---------------------------------------------------------------------- torch.compile
 
 
-@pytest.mark.parametrize("inputs, backend", [
-    ("plain", "aot_eager"), ("padding", "aot_eager"), ("omni_ids", "aot_eager"),
-    pytest.param("padding", "inductor", marks=pytest.mark.slow),
+@pytest.mark.parametrize("inputs, backend, dynamic", [
+    ("plain", "aot_eager", None), ("padding", "aot_eager", None), ("omni_ids", "aot_eager", None),
+    ("padding", "aot_eager", True), pytest.param("padding", "inductor", None, marks=pytest.mark.slow),
 ])
-def test_torch_compile_fullgraph_forward_backward_matches_eager(inputs, backend, device):
+def test_torch_compile_fullgraph_forward_backward_matches_eager(inputs, backend, dynamic, device):
     """Dynamo with fullgraph=True fails on any graph break. "plain" has no attention mask: under compile
     Transformers then composes packing detection into the mask function. aot_eager traces the backward through
-    the op's fake kernels without generating code; inductor also checks the strides those kernels promise."""
+    the op's fake kernels without generating code; inductor also checks the strides those kernels promise. With
+    dynamic shapes the lengths are symbolic ints and the layers' scale a symbolic float, which the checks and the
+    prepared call's key take."""
     omni, ref, lowp = models(causal_lm(llama_config()), device)
     input_ids = tokens(2, SEQ, device=device)
     attention_mask = padding([18, 24], SEQ, left=True, device=device)
@@ -679,5 +681,5 @@ def test_torch_compile_fullgraph_forward_backward_matches_eager(inputs, backend,
         "omni_ids": interleaved_inputs(device),
     }[inputs]
     torch._dynamo.reset()
-    compiled = torch.compile(omni, fullgraph=True, backend=backend)
+    compiled = torch.compile(omni, fullgraph=True, backend=backend, dynamic=dynamic)
     assert_same_logits_and_grads(omni, ref, lowp, rows, omni_inputs, ref_inputs, omni_forward=compiled)

@@ -232,7 +232,7 @@ def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:
     """The checks the CUDA ops leave to Python: the mask, its lengths against q's and k's, the scale and softcap."""
     try:
         return (type(block_mask) is OmniBlockMask and block_mask.q_len == q.shape[2] and block_mask.kv_len == k.shape[2]
-                and (scale is None or (type(scale) in (int, float) and math.isfinite(scale)))
+                and (scale is None or (type(scale) in (int, float) and -math.inf < scale < math.inf))
                 and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
     except (AttributeError, TypeError, IndexError):
         return False
