@@ -205,15 +205,17 @@ _warned_fallback = False
 
 
 def _checked_backend(q, k, v, block_mask, mask_sizes: tuple[int, ...], scale, softcap) -> str:
-    """"cuda" where the library's kernels can run the call (its op checks the tensors), else "reference" once every
-    input is checked (`_check_inputs`: the reference takes any tensors)."""
+    """"cuda" where the library's kernels can run the call (its op checks the tensors), else "reference" once the
+    tensors are checked too (`_tensors_fit`: the reference takes any tensors). The mask and scalars are checked before
+    (`prepare_call`)."""
     choice = os.environ.get("OMNI_HF_BACKEND", "auto")
     if choice not in ("auto", "cuda", "reference"):
         raise ValueError(f"OMNI_HF_BACKEND: expected 'cuda', 'reference' or unset, got {choice!r}")
     reason = "OMNI_HF_BACKEND=reference" if choice == "reference" else library.unsupported_reason(q, mask_sizes)
     if reason is None:
         return _CUDA
-    _check_inputs(q, k, v, block_mask, scale, softcap)
+    if not _tensors_fit(q, k, v, block_mask):
+        _explain_inputs(q, k, v, block_mask, scale, softcap)
     if choice == "cuda":
         raise RuntimeError(f"OMNI_HF_BACKEND=cuda, but the CUDA kernels cannot run these inputs: {reason}")
     global _warned_fallback
@@ -236,15 +238,6 @@ def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:
                 and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
     except (AttributeError, TypeError, IndexError):
         return False
-
-
-def _check_inputs(q, k, v, block_mask, scale, softcap) -> None:
-    """Raise TypeError / ValueError naming the argument, what was expected and what was received.
-
-    The common case is accepted by two compound tests; anything else goes through `_explain_inputs`, which
-    finds and reports the first problem."""
-    if not (_mask_and_scalars_fit(q, k, block_mask, scale, softcap) and _tensors_fit(q, k, v, block_mask)):
-        _explain_inputs(q, k, v, block_mask, scale, softcap)
 
 
 def _tensors_fit(q, k, v, block_mask: OmniBlockMask) -> bool:
@@ -270,7 +263,8 @@ def _block_lists_fit(block_mask: OmniBlockMask, q_shape: torch.Size, device: tor
 
 
 def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
-    """Raise the error of the first problem with the inputs (see `_check_inputs`)."""
+    """Raise TypeError / ValueError for the first problem with the inputs, naming the argument, what was expected and
+    what was received (the checks that found one: `_mask_and_scalars_fit`, `_tensors_fit`, or the CUDA op's)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
