@@ -189,12 +189,11 @@ def _spec_mask(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask
 def _spec_call(spec: OmniMaskSpec, query, key, value, scaling, softcap) -> tuple[PreparedCall, torch.Tensor | None]:
     """The prepared call of the spec's mask and the key order it assumes, once per forward for each device, dtype,
     shapes and scalars of the layers' calls (so the checks and the backend choice run once per forward)."""
-    signature = query.device, query.dtype, query.shape, key.shape, scaling, softcap
-    found = spec.built.get(signature)
-    if found is None:
+    def prepare():
         block_mask, key_order = _spec_mask(spec, query.device, None)
-        found = spec.built[signature] = prepare_call(query, key, value, block_mask, scaling, softcap), key_order
-    return found
+        return prepare_call(query, key, value, block_mask, scaling, softcap), key_order
+
+    return _once(spec, (query.device, query.dtype, query.shape, key.shape, scaling, softcap), prepare)
 
 
 def _once(spec, key, build: Callable):
