@@ -1,0 +1,111 @@
+"""Side-by-side summary of Nsight Compute reports exported as CSV: chosen details metrics, the share of warp-stall
+samples by reason, instructions and stall samples by SASS opcode, and each report's hottest instructions.
+
+    ncu --import NAME.ncu-rep --page details --csv > DIR/details_NAME.csv
+    ncu --import NAME.ncu-rep --page source --csv --print-source sass > DIR/sass_NAME.csv
+    python benchmarks/results/profiles/ncu_summary.py DIR NAME [NAME ...] [--top 20]
+
+Runs anywhere (no GPU, no ncu): it reads only the CSV files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+from pathlib import Path
+
+DETAILS = (
+    "Duration", "Elapsed Cycles", "SM Active Cycles", "Executed Ipc Active", "Issue Slots Busy", "L2 Hit Rate",
+    "DRAM Throughput", "Eligible Warps Per Scheduler", "Executed Instructions", "Grid Size", "Achieved Occupancy",
+)
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def details(path: Path) -> dict[str, str]:
+    """Metric name -> "value unit" of a `--page details --csv` export (one kernel)."""
+    rows = list(csv.DictReader(path.open()))
+    return {r["Metric Name"]: f'{r["Metric Value"]} {r["Metric Unit"]}'.strip() for r in rows}
+
+
+def source(path: Path) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a `--page source --csv --print-source sass` export (its first line names the kernel)."""
+    rows = list(csv.reader(path.read_text().splitlines()[1:]))
+    return rows[0], rows[1:]
+
+
+def opcode(sass: str) -> str:
+    """The instruction's opcode without modifiers or predicate: "@!P0 BRA 0x..." -> "BRA"."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def source_summary(path: Path) -> dict:
+    header, rows = source(path)
+    col = {name: i for i, name in enumerate(header)}
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(_number(r[col[SAMPLES]]) for r in rows) or 1.0
+    by_reason, executed, sampled = collections.Counter(), collections.Counter(), collections.Counter()
+    for r in rows:
+        op = opcode(r[col["Source"]])
+        executed[op] += _number(r[col["Instructions Executed"]])
+        sampled[op] += _number(r[col[SAMPLES]])
+        for reason in reasons:
+            by_reason[reason[len("stall_"):]] += _number(r[col[reason]])
+    hottest = sorted(enumerate(rows), key=lambda item: -_number(item[1][col[SAMPLES]]))
+    top = [(i, 100 * _number(r[col[SAMPLES]]) / total, _number(r[col["Instructions Executed"]]),
+            r[col["Source"]].strip(), max(reasons, key=lambda reason: _number(r[col[reason]]))[len("stall_"):])
+           for i, r in hottest]
+    return {"total": total, "reasons": by_reason, "executed": executed, "sampled": sampled, "top": top}
+
+
+def _cells(values) -> str:
+    return "".join(f"{v:>20}" for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--top", type=int, default=20, help="hottest instructions listed per report")
+    args = parser.parse_args()
+    names = args.names
+
+    print(f"{'details':44s}{_cells(names)}")
+    tables = [details(args.dir / f"details_{n}.csv") for n in names]
+    for metric in DETAILS:
+        print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
+
+    summaries = [source_summary(args.dir / f"sass_{n}.csv") for n in names]
+    print("\nwarp-stall samples by reason, % of each report's samples")
+    reasons = sorted(summaries[0]["reasons"], key=lambda k: -summaries[0]["reasons"][k])
+    for reason in reasons:
+        shares = [100 * s["reasons"][reason] / s["total"] for s in summaries]
+        if max(shares) >= 0.5:
+            print(f"  {reason:42s}{_cells(f'{v:.1f}' for v in shares)}")
+
+    print("\nby opcode: instructions executed (millions) / % of stall samples")
+    ops = sorted({op for s in summaries for op in s["executed"]},
+                 key=lambda o: (-max(s["executed"][o] for s in summaries), o))
+    for op in ops[:30]:
+        values = [f'{s["executed"][op] / 1e6:.2f} / {100 * s["sampled"][op] / s["total"]:.1f}' for s in summaries]
+        print(f"  {op:42s}{_cells(values)}")
+
+    for name, s in zip(names, summaries):
+        print(f"\n{name}: the {args.top} instructions with the most stall samples, in program order "
+              "(row, % of samples, executions, SASS, main reason)")
+        for row, share, count, sass, reason in sorted(s["top"][: args.top]):
+            print(f"  {row:5d} {share:5.1f}% {count / 1e6:6.2f}M  {sass[:64]:64s} {reason}")
+
+
+if __name__ == "__main__":
+    main()
