@@ -1,11 +1,14 @@
-"""Side-by-side summary of Nsight Compute reports exported as CSV: chosen details metrics, the share of warp-stall
-samples by reason, instructions and stall samples by SASS opcode, and each report's hottest instructions.
+"""Side-by-side summary of Nsight Compute reports exported as CSV: chosen details metrics, warp stalls per issued
+instruction by reason, and from the SASS source page the share of stall samples by reason, instructions and stall
+samples by opcode, and each report's hottest instructions.
 
     ncu --import NAME.ncu-rep --page details --csv > DIR/details_NAME.csv
-    ncu --import NAME.ncu-rep --page source --csv --print-source sass > DIR/sass_NAME.csv
+    ncu --import NAME.ncu-rep --page raw --csv > DIR/raw_NAME.csv                                (optional)
+    ncu --import NAME.ncu-rep --page source --csv --print-source sass > DIR/sass_NAME.csv        (optional)
     python benchmarks/results/profiles/ncu_summary.py DIR NAME [NAME ...] [--top 20]
 
-Runs anywhere (no GPU, no ncu): it reads only the CSV files.
+A NAME of the form REPORT#ID takes the kernel with that ID from a report of several kernels (details and raw
+pages only). Runs anywhere (no GPU, no ncu): it reads only the CSV files.
 """
 
 from __future__ import annotations
@@ -29,10 +32,19 @@ def _number(text: str) -> float:
         return 0.0
 
 
-def details(path: Path) -> dict[str, str]:
-    """Metric name -> "value unit" of a `--page details --csv` export (one kernel)."""
-    rows = list(csv.DictReader(path.open()))
+def details(path: Path, kernel: str | None) -> dict[str, str]:
+    """Metric name -> "value unit" of one kernel (ID `kernel`, or the only one) of a `--page details --csv` export."""
+    rows = [r for r in csv.DictReader(path.open()) if kernel is None or r["ID"] == kernel]
     return {r["Metric Name"]: f'{r["Metric Value"]} {r["Metric Unit"]}'.strip() for r in rows}
+
+
+def stalls_per_issue(path: Path, kernel: str | None) -> dict[str, float]:
+    """Stall reason -> warp cycles stalled per issued instruction, of one kernel of a `--page raw --csv` export."""
+    rows = list(csv.reader(path.open()))
+    header, data = rows[0], [r for r in rows[2:] if kernel is None or r[0] == kernel]
+    prefix, suffix = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+    return {h[len(prefix):-len(suffix)]: _number(data[0][i]) for i, h in enumerate(header)
+            if h.startswith(prefix) and h.endswith(suffix)}
 
 
 def source(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -80,12 +92,22 @@ def main() -> None:
     args = parser.parse_args()
     names = args.names
 
+    reports = [name.partition("#")[::2] for name in names]  # (report, kernel ID or "")
     print(f"{'details':44s}{_cells(names)}")
-    tables = [details(args.dir / f"details_{n}.csv") for n in names]
+    tables = [details(args.dir / f"details_{r}.csv", k or None) for r, k in reports]
     for metric in DETAILS:
         print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
 
-    summaries = [source_summary(args.dir / f"sass_{n}.csv") for n in names]
+    if all((args.dir / f"raw_{r}.csv").exists() for r, _ in reports):
+        print("\nwarp cycles stalled per issued instruction, by reason (raw page)")
+        stalls = [stalls_per_issue(args.dir / f"raw_{r}.csv", k or None) for r, k in reports]
+        for reason in sorted(stalls[0], key=lambda k: -stalls[0][k]):
+            if max(s[reason] for s in stalls) >= 0.1:
+                print(f"  {reason:42s}{_cells(f'{s[reason]:.2f}' for s in stalls)}")
+
+    if not all((args.dir / f"sass_{r}.csv").exists() and not k for r, k in reports):
+        return
+    summaries = [source_summary(args.dir / f"sass_{r}.csv") for r, _ in reports]
     print("\nwarp-stall samples by reason, % of each report's samples")
     reasons = sorted(summaries[0]["reasons"], key=lambda k: -summaries[0]["reasons"][k])
     for reason in reasons:
