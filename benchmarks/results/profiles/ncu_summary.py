@@ -7,8 +7,8 @@ samples by opcode, and each report's hottest instructions.
     ncu --import NAME.ncu-rep --page source --csv --print-source sass > DIR/sass_NAME.csv        (optional)
     python benchmarks/results/profiles/ncu_summary.py DIR NAME [NAME ...] [--top 20]
 
-A NAME of the form REPORT#ID takes the kernel with that ID from a report of several kernels (details and raw
-pages only). Runs anywhere (no GPU, no ncu): it reads only the CSV files.
+Each section needs its export for every NAME. A NAME of the form REPORT#ID takes the kernel with that ID from a
+report of several kernels (details and raw pages only). Runs anywhere (no GPU, no ncu): it reads only the CSV files.
 """
 
 from __future__ import annotations
@@ -93,10 +93,12 @@ def main() -> None:
     names = args.names
 
     reports = [name.partition("#")[::2] for name in names]  # (report, kernel ID or "")
-    print(f"{'details':44s}{_cells(names)}")
-    tables = [details(args.dir / f"details_{r}.csv", k or None) for r, k in reports]
-    for metric in DETAILS:
-        print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
+    print(f"{'':44s}{_cells(names)}")
+    if all((args.dir / f"details_{r}.csv").exists() for r, _ in reports):
+        print("details")
+        tables = [details(args.dir / f"details_{r}.csv", k or None) for r, k in reports]
+        for metric in DETAILS:
+            print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
 
     if all((args.dir / f"raw_{r}.csv").exists() for r, _ in reports):
         print("\nwarp cycles stalled per issued instruction, by reason (raw page)")
