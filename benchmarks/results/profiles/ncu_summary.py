@@ -48,9 +48,11 @@ def stalls_per_issue(path: Path, kernel: str | None) -> dict[str, float]:
 
 
 def source(path: Path) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a `--page source --csv --print-source sass` export (its first line names the kernel)."""
+    """Header and rows of the first kernel of a `--page source --csv --print-source sass` export (each kernel's page
+    starts with a line naming it)."""
     rows = list(csv.reader(path.read_text().splitlines()[1:]))
-    return rows[0], rows[1:]
+    end = next((i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"), len(rows))
+    return rows[0], rows[1:end]
 
 
 def opcode(sass: str) -> str:
