@@ -63,7 +63,9 @@ def opcode(sass: str) -> str:
     return words[0].split(".")[0] if words else ""
 
 
-def source_summary(path: Path) -> dict:
+def source_summary(path: Path, top: int) -> dict:
+    """Stall samples by reason and, by opcode, instructions executed and stall samples, of a source-page export;
+    with its `top` instructions by stall samples as (row, % of samples, executions, SASS, main reason)."""
     header, rows = source(path)
     col = {name: i for i, name in enumerate(header)}
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
@@ -75,46 +77,36 @@ def source_summary(path: Path) -> dict:
         sampled[op] += _number(r[col[SAMPLES]])
         for reason in reasons:
             by_reason[reason[len("stall_"):]] += _number(r[col[reason]])
-    hottest = sorted(enumerate(rows), key=lambda item: -_number(item[1][col[SAMPLES]]))
-    top = [(i, 100 * _number(r[col[SAMPLES]]) / total, _number(r[col["Instructions Executed"]]),
-            r[col["Source"]].strip(), max(reasons, key=lambda reason: _number(r[col[reason]]))[len("stall_"):])
-           for i, r in hottest]
-    return {"total": total, "reasons": by_reason, "executed": executed, "sampled": sampled, "top": top}
+    hottest = sorted(enumerate(rows), key=lambda item: -_number(item[1][col[SAMPLES]]))[:top]
+    top_rows = [(i, 100 * _number(r[col[SAMPLES]]) / total, _number(r[col["Instructions Executed"]]),
+                 r[col["Source"]].strip(), max(reasons, key=lambda reason: _number(r[col[reason]]))[len("stall_"):])
+                for i, r in hottest]
+    return {"total": total, "reasons": by_reason, "executed": executed, "sampled": sampled, "top": top_rows}
 
 
 def _cells(values) -> str:
     return "".join(f"{v:>20}" for v in values)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dir", type=Path)
-    parser.add_argument("names", nargs="+")
-    parser.add_argument("--top", type=int, default=20, help="hottest instructions listed per report")
-    args = parser.parse_args()
-    names = args.names
+def print_details(directory: Path, reports: list[tuple[str, str]]) -> None:
+    print("details")
+    tables = [details(directory / f"details_{r}.csv", k or None) for r, k in reports]
+    for metric in DETAILS:
+        print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
 
-    reports = [name.partition("#")[::2] for name in names]  # (report, kernel ID or "")
-    print(f"{'':44s}{_cells(names)}")
-    if all((args.dir / f"details_{r}.csv").exists() for r, _ in reports):
-        print("details")
-        tables = [details(args.dir / f"details_{r}.csv", k or None) for r, k in reports]
-        for metric in DETAILS:
-            print(f"  {metric:42s}{_cells(t.get(metric, '-') for t in tables)}")
 
-    if all((args.dir / f"raw_{r}.csv").exists() for r, _ in reports):
-        print("\nwarp cycles stalled per issued instruction, by reason (raw page)")
-        stalls = [stalls_per_issue(args.dir / f"raw_{r}.csv", k or None) for r, k in reports]
-        for reason in sorted(stalls[0], key=lambda k: -stalls[0][k]):
-            if max(s[reason] for s in stalls) >= 0.1:
-                print(f"  {reason:42s}{_cells(f'{s[reason]:.2f}' for s in stalls)}")
+def print_stalls_per_issue(directory: Path, reports: list[tuple[str, str]]) -> None:
+    print("\nwarp cycles stalled per issued instruction, by reason (raw page)")
+    stalls = [stalls_per_issue(directory / f"raw_{r}.csv", k or None) for r, k in reports]
+    for reason in sorted(stalls[0], key=lambda k: -stalls[0][k]):
+        if max(s[reason] for s in stalls) >= 0.1:
+            print(f"  {reason:42s}{_cells(f'{s[reason]:.2f}' for s in stalls)}")
 
-    if not all((args.dir / f"sass_{r}.csv").exists() and not k for r, k in reports):
-        return
-    summaries = [source_summary(args.dir / f"sass_{r}.csv") for r, _ in reports]
+
+def print_source(directory: Path, names: list[str], top: int) -> None:
+    summaries = [source_summary(directory / f"sass_{name}.csv", top) for name in names]
     print("\nwarp-stall samples by reason, % of each report's samples")
-    reasons = sorted(summaries[0]["reasons"], key=lambda k: -summaries[0]["reasons"][k])
-    for reason in reasons:
+    for reason in sorted(summaries[0]["reasons"], key=lambda k: -summaries[0]["reasons"][k]):
         shares = [100 * s["reasons"][reason] / s["total"] for s in summaries]
         if max(shares) >= 0.5:
             print(f"  {reason:42s}{_cells(f'{v:.1f}' for v in shares)}")
@@ -127,10 +119,26 @@ def main() -> None:
         print(f"  {op:42s}{_cells(values)}")
 
     for name, s in zip(names, summaries):
-        print(f"\n{name}: the {args.top} instructions with the most stall samples, in program order "
+        print(f"\n{name}: the {top} instructions with the most stall samples, in program order "
               "(row, % of samples, executions, SASS, main reason)")
-        for row, share, count, sass, reason in sorted(s["top"][: args.top]):
+        for row, share, count, sass, reason in sorted(s["top"]):
             print(f"  {row:5d} {share:5.1f}% {count / 1e6:6.2f}M  {sass[:64]:64s} {reason}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--top", type=int, default=20, help="hottest instructions listed per report")
+    args = parser.parse_args()
+    reports = [name.partition("#")[::2] for name in args.names]  # (report, kernel ID or "")
+    print(f"{'':44s}{_cells(args.names)}")
+    if all((args.dir / f"details_{r}.csv").exists() for r, _ in reports):
+        print_details(args.dir, reports)
+    if all((args.dir / f"raw_{r}.csv").exists() for r, _ in reports):
+        print_stalls_per_issue(args.dir, reports)
+    if all((args.dir / f"sass_{r}.csv").exists() and not k for r, k in reports):
+        print_source(args.dir, [r for r, _ in reports], args.top)
 
 
 if __name__ == "__main__":
