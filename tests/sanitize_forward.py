@@ -6,9 +6,9 @@ instantiated head dim, tails, q_len = 1, broadcast masks, GQA, the decode path. 
 
 and expect "ERROR SUMMARY: 0 errors". Head dims given as arguments (any multiple of 8, e.g. 72 for the 96 kernels at
 a true width) replace the instantiated ones in the block-list cases. On a Hopper GPU the cases with 128-key blocks
-run the sm_90a kernel, in 64-row CTAs (these grids are small) but the last two cases, in persistent 128-row CTAs
-(`--kernel-name kns=sm90` checks it alone; OMNI_HF_DISABLE_SM90=1 sends every case to the sm_80 kernel).
-Exits non-zero if an output is not finite.
+run the sm_90a kernel, in 64-row CTAs (these grids are small) but the last four cases, in persistent 128-row CTAs
+and (head dim 64, implicit masks) 192-row ones (`--kernel-name kns=sm90` checks it alone; OMNI_HF_DISABLE_SM90=1
+sends every case to the sm_80 kernel). Exits non-zero if an output is not finite.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ def cases(dims):
     short_doc, short_grp = doc[:, :300].contiguous(), grp[:, :300].contiguous()
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 64, 32, 8, None
     yield OmniBlockMask.from_token_ids(short_doc, short_grp), 300, 300, 128, 32, 8, 10.0
+    # 528 work items of 192 rows (four waves on 132 SMs) under implicit masks at head dim 64: persistent CTAs of
+    # three consumer warpgroups, queries bottom-right aligned to longer keys, a window.
+    yield OmniBlockMask.causal(384, 384), 384, 384, 64, 132, 4, None
+    yield OmniBlockMask.causal(384, 600, window=100), 384, 600, 64, 132, 12, None
 
 
 def main(dims) -> int:

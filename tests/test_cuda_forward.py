@@ -304,8 +304,8 @@ def test_implicit_full_mask_matches_reference(q_len, kv_len, dim):
     assert_matches_reference(q, k, v, mask, ref_mask=torch.ones(q_len, kv_len, dtype=torch.bool, device="cuda"))
 
 
-def _forward_kernel_names(q, k, v, mask) -> list[str]:
-    return kernel_names(lambda: library.forward(q, k, v, *mask.as_tuple(), q.shape[-1] ** -0.5, None), "fwd_kernel")
+def _forward_kernel_names(q, k, v, mask, softcap=None) -> list[str]:
+    return kernel_names(lambda: library.forward(q, k, v, *mask.as_tuple(), q.shape[-1] ** -0.5, softcap), "fwd_kernel")
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
@@ -350,3 +350,70 @@ def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, 
     names = _forward_kernel_names(q, k, v, mask)
     assert len(names) == 1 and _cta_rows(names[0]) == (128 if extra_head else 64), names
     assert_matches_reference(q, k, v, mask, ref_mask=dense)
+
+
+def _sm90_fwd_rows(batch, heads, q_len, *, implicit, softcap, dim=64) -> int:
+    """The CTA height host/tuning.cuh's sm90_fwd_block_m gives a call with 128-row mask blocks."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def tiles(rows):
+        return batch * heads * -(-q_len // rows)
+
+    if tiles(64) <= sms * (2 if dim <= 96 else 1):
+        return 64
+    pads_little = 16 * -(-q_len // 192) * 192 <= 17 * -(-q_len // 128) * 128
+    pays = tiles(192) >= 4 * sms and pads_little and implicit and softcap is None
+    return 192 if dim == 64 and pays else 128
+
+
+@pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
+@pytest.mark.parametrize(
+    "mask_kind,kv_extra,window,softcap,dtype",
+    [("causal", 0, None, None, torch.bfloat16), ("causal", 700, None, None, torch.float16),
+     ("causal", 0, 300, None, torch.float16), ("causal", 700, 300, None, torch.bfloat16),
+     ("causal", 0, None, 20.0, torch.float16), ("full", 0, None, None, torch.bfloat16),
+     ("full", 300, None, None, torch.float16), ("token_rule", 0, None, None, torch.bfloat16)])
+@pytest.mark.parametrize("heads_less", (0, 4))
+def test_hopper_runs_192_row_ctas_at_head_dim_64_under_implicit_masks(kernel_path, mask_kind, kv_extra, window,
+                                                                     softcap, dtype, heads_less):
+    """At head dim 64 an implicit mask (causal, windowed, full; no block rows to keep to) runs 192-row CTAs, three
+    consumer warpgroups taking turns, where they make four waves; four heads fewer drop to 128 rows, as do softcap
+    and a block-list mask at any size. 1500 query rows are seven tiles of 192 and one of 156 (tile and key
+    boundaries fall off the mask's 128-row blocks); queries bottom-right aligned to longer keys, windows and GQA 4
+    all cross them. Both match the reference."""
+    if kernel_path != "sm90":
+        pytest.skip("the CTA height is the sm_90a kernel's")
+    batch, q_len = 2, 1500
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    heads = 4 * -(-4 * sms // (4 * batch * -(-q_len // 192))) - heads_less  # GQA 4: the fewest heads for 4 waves
+    kv_len = q_len + kv_extra
+    dense = None
+    if mask_kind == "token_rule":
+        mask = OmniBlockMask.from_token_ids(*packed_vlm_ids(batch, q_len, seed=heads, device="cuda"))
+    elif mask_kind == "causal":
+        mask = OmniBlockMask.causal(q_len, kv_len, window=window)
+        dense = mask.to_dense("cuda")
+    else:
+        mask = OmniBlockMask.full(q_len, kv_len)
+        dense = torch.ones(q_len, kv_len, dtype=torch.bool, device="cuda")
+    q, k, v = _qkv(batch, heads, heads // 4, q_len, kv_len, 64, dtype, seed=heads + kv_len)
+    names = _forward_kernel_names(q, k, v, mask, softcap)
+    rows = _sm90_fwd_rows(batch, heads, q_len, implicit=mask_kind != "token_rule", softcap=softcap)
+    assert rows == (192 if heads_less == 0 and mask_kind != "token_rule" and softcap is None else 128)
+    assert len(names) == 1 and _cta_rows(names[0]) == rows, names
+    assert_matches_reference(q, k, v, mask, softcap=softcap, ref_mask=dense,
+                             lse_atol=LSE_ATOL if softcap is None else LSE_ATOL_SOFTCAP)
+
+
+@pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
+def test_hopper_keeps_128_row_ctas_where_192_rows_would_pad_the_queries(kernel_path):
+    """CLIP-L's 577 patches per image (the implicit full mask, 64 images of 16 heads of 64): 192-row tiles would
+    compute 768 rows against 640, so the forward keeps 128-row CTAs, and matches the reference."""
+    if kernel_path != "sm90":
+        pytest.skip("the CTA height is the sm_90a kernel's")
+    mask = OmniBlockMask.full(577, 577)
+    q, k, v = _qkv(64, 16, 16, 577, 577, 64, torch.bfloat16, seed=577)
+    names = _forward_kernel_names(q, k, v, mask)
+    assert _sm90_fwd_rows(64, 16, 577, implicit=True, softcap=None) == 128
+    assert len(names) == 1 and _cta_rows(names[0]) == 128, names
+    assert_matches_reference(q, k, v, mask, ref_mask=torch.ones(577, 577, dtype=torch.bool, device="cuda"))

@@ -30,8 +30,8 @@ int run_fwd_head_dim(const OmniFwdParams& p) {
                            [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.head_dim); });
 }
 
-// The sm_90a forward's workspace: its work counter where it runs persistent 128-row CTAs (up to head dim 128),
-// else none.
+// The sm_90a forward's workspace: its work counter where it runs persistent 128- or 192-row CTAs (up to head dim
+// 128), else none.
 size_t sm90_workspace_bytes(const OmniFwdParams& p) {
   const int sms = multiprocessors();
   return dispatch_head_dim(
@@ -39,8 +39,8 @@ size_t sm90_workspace_bytes(const OmniFwdParams& p) {
       [&](auto head_dim) {
         if constexpr (sm90_fwd_head_dim(head_dim())) {
           constexpr bool persistent = sm90::FwdTraits<cutlass::half_t, head_dim(), 128>::kPersistent;
-          return !persistent || tuning::sm90_fwd_takes_64_rows<head_dim()>(p, sms) ? size_t{0}
-                                                                                    : sm90::kPersistentWorkspaceBytes;
+          return !persistent || tuning::sm90_fwd_block_m<head_dim()>(p, sms) == 64 ? size_t{0}
+                                                                                   : sm90::kPersistentWorkspaceBytes;
         }
         return size_t{0};
       },

@@ -1,16 +1,16 @@
 // The sm_90a forward. A work item is a (query tile of kBlockM rows, head, batch); its CTA walks the active key
 // tiles of the mask's block row holding its rows (kv_tiles.cuh), like the sm_80 kernel, but with Hopper's engines.
-// 128-row CTAs are persistent: one per SM, each taking items from a work counter (in the workspace) until none is
-// left, the next item's Q and first tiles loading while the current one finishes; 64-row CTAs take one item each
-// (tile_scheduler.cuh).
+// 128- and 192-row CTAs are persistent up to head dim 128: one per SM, each taking items from a work counter (in
+// the workspace) until none is left, the next item's Q and first tiles loading while the current one finishes;
+// the others take one item each (tile_scheduler.cuh).
 //   warpgroup 0 (producer, one warp): TMA loads of Q per item and of K, V per tile into a kStages-deep ring of
 //     swizzled smem buffers completing on mbarriers; cp.async of the tile's mask data (column token ids or
 //     pool rows) arriving on the same barrier as K; the decoded tile descriptor beside it. Where the token rule's
 //     rows are ranges (tile_aux.cuh), the query rows' ranges come with Q and token tiles need no column data.
-//   warpgroups 1 (, 2) (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
+//   warpgroups 1 (, 2, 3) (consumers, 64 query rows each): S = Q K^T by wgmma from smem, mask by tile kind (FULL
 //     tiles run no mask code), online softmax in registers, O += P V by wgmma with P from registers.
 // setmaxnreg moves registers from the producer to the consumers. Within a consumer warpgroup the softmax of
-// one tile overlaps the GEMMs of its neighbours; across two, named barriers alternate the GEMM issue.
+// one tile overlaps the GEMMs of its neighbours; across two or three, named barriers take turns at the GEMM issue.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -47,7 +47,7 @@ struct FwdParams {
   int section;  // FwdTileScheduler's (batch, head) pairs per L2 section (fwd_l2_section)
 };
 
-// Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
+// Named barrier ids (0 is __syncthreads): one per consumer warpgroup (up to three) for its epilogue.
 constexpr int kEpilogueBarrier = 1;
 
 // A CTA's query rows: its tile of q and where that tile sits in the mask's Q block (which may be taller).
@@ -161,9 +161,20 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
   }
 }
 
-// Warpgroup ping-pong: a consumer warpgroup issues its GEMMs only in its turn and then passes the turn, so
-// the tensor cores run one warpgroup's GEMMs while the other does its softmax.
-constexpr int kSchedulerBarrier = kEpilogueBarrier + 2;
+// `x`, as a value the compiler cannot see through. The score coordinates that mask a tile are derived from
+// unhoisted(thread index) where they are used: derived from the plain index, they were hoisted out of the tile loop
+// and kept live across it (a register for each of a thread's key columns), which spilled the softmax state in the
+// loop at 192-row CTAs' 160 registers and cost 2-4% at 128 rows (hopper_forward.md).
+__forceinline__ __device__ int unhoisted(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Warpgroup ping-pong: a consumer warpgroup issues its GEMMs only in its turn and then passes the turn to the
+// next one (round robin over two or three), so the tensor cores run one warpgroup's GEMMs while the others do
+// their softmax. One barrier per warpgroup, after the epilogue's.
+constexpr int kSchedulerBarrier = kEpilogueBarrier + 3;
 
 // Consumer warpgroups: the attention of their 64 query rows, then the epilogue. Per tile t (FlashAttention-3's
 // intra-warpgroup overlap): issue S(t) = Q K(t)^T, rescale O, issue O += P(t-1) V(t-1); wait for S(t), mask it
@@ -195,7 +206,6 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor rP = make_tensor<Element>(acc_s.layout());
   Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand_layout(rP.layout()));
-  const Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   auto s_rc = rowcol(acc_s);
   auto o_rc = rowcol(acc_o);
 
@@ -204,10 +214,11 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   DeferredSoftmax<kRows> softmax;
   float rescale[kRows];
 
-  // With two warpgroups the turn starts with warpgroup 0. Warpgroup 1 passes it on after every turn but its
-  // last, so every arrive meets a sync and no barrier is left half-way at exit.
-  const int other = kSchedulerBarrier + (wg ^ 1);
-  if (Traits::kPingPong && wg == 1 && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
+  // The turn starts with warpgroup 0. The last warpgroup gives it the first turn and passes it on after every
+  // turn but its last, so every arrive meets a sync and no barrier is left half-way at exit.
+  const bool last_wg = wg == Traits::kConsumerWGs - 1;
+  const int next = kSchedulerBarrier + (last_wg ? 0 : wg + 1);
+  if (Traits::kPingPong && last_wg && n_tiles > 0) named_barrier_arrive(kSchedulerBarrier, 2 * 128);
   auto scores = [&](int t, int stage) {  // issue S(t) in this warpgroup's turn; returns the tile
     Barrier::wait(&s.k_full[stage], ((g0 + t) / kStages) & 1);
     if constexpr (Traits::kPingPong) named_barrier_sync(kSchedulerBarrier + wg, 2 * 128);
@@ -215,11 +226,15 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
     return s.tile[stage];
   };
   auto pass_turn = [&](int t) {
-    if (Traits::kPingPong && (wg == 0 || t + 1 < n_tiles)) named_barrier_arrive(other, 2 * 128);
+    if (Traits::kPingPong && (!last_wg || t + 1 < n_tiles)) named_barrier_arrive(next, 2 * 128);
   };
   auto mask_and_softmax = [&](int t, const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
-    if (tile.kind != kTileFull) mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
+    if (tile.kind != kTileFull) {
+      const Tensor cS = mma_qk.get_thread_slice(unhoisted(ctid))
+                            .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
+    }
     Barrier::arrive(&s.k_empty[stage]);
     if (t == n_tiles - 1) Barrier::arrive(&s.q_empty);  // Q and its ids are no longer read
     softmax.update_scores(s_rc, scale_log2, rescale);

@@ -19,8 +19,12 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   const dim3 grid = fwd_grid<Traits::kBlockM>(p);
   const int64_t ctas = cta_count(grid);
   const bool pairs = Traits::kCtasPerSm == 2 && ctas > sms && ctas <= 2 * sms;  // see FwdTileScheduler
+  // An implicit mask has no block rows (its block_q is only how finely the rows are walked): a CTA walks the
+  // keys of its own rows, whatever its height.
+  OmniFwdParams walked = p;
+  if (p.mask.kind != OMNI_MASK_BLOCKS) walked.mask.block_q = Traits::kBlockM;
   const FwdParams<Traits> params{
-      p,
+      walked,
       make_tma_load<Element>(p.q, p.batch, p.heads_q, p.q_len, p.head_dim, typename Traits::SmemLayoutQ{}),
       make_tma_load<Element>(p.k, p.batch, p.heads_kv, p.kv_len, p.head_dim,
                              take<0, 2>(typename Traits::SmemLayoutK{})),
@@ -45,15 +49,18 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   return check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
 }
 
-// 64-row CTAs or 128-row ones (persistent up to head dim 128), as host/tuning.cuh's sm90_fwd_takes_64_rows decides.
+// 64-, 128- or 192-row CTAs (persistent from 128 rows up to head dim 128), as host/tuning.cuh's sm90_fwd_block_m
+// decides; 192 rows only at head dim 64 without softcap.
 template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
-  using Traits64 = FwdTraits<Element, kHeadDim, 64>;
-  using Traits128 = FwdTraits<Element, kHeadDim, 128>;
   const int sms = multiprocessors();
-  const bool rows64 = tuning::sm90_fwd_takes_64_rows<kHeadDim>(p, sms);
+  const int block_m = tuning::sm90_fwd_block_m<kHeadDim>(p, sms);
   return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-    return rows64 ? launch_fwd_kernel<Traits64, softcap()>(p, sms) : launch_fwd_kernel<Traits128, softcap()>(p, sms);
+    if constexpr (kHeadDim == 64 && !softcap()) {
+      if (block_m == 192) return launch_fwd_kernel<FwdTraits<Element, kHeadDim, 192>, false>(p, sms);
+    }
+    return block_m == 64 ? launch_fwd_kernel<FwdTraits<Element, kHeadDim, 64>, softcap()>(p, sms)
+                         : launch_fwd_kernel<FwdTraits<Element, kHeadDim, 128>, softcap()>(p, sms);
   });
 }
 

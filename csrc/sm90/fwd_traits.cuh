@@ -23,17 +23,19 @@ struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   // One CTA per kBlockM query rows: 128 (a mask block of 128 rows), or 64 (a mask block of 64 rows, or half of
-  // one of 128 when the grid is too small to fill the GPU); key tiles of 128 columns (= block_kv), or of 64 above
-  // head dim 128, where two stages of 128-key K and V tiles would not fit in shared memory: each 128-key mask
-  // block is walked as two halves (KvTileWalker).
+  // one of 128 when the grid is too small to fill the GPU), or 192 at head dim 64 under an implicit mask (which
+  // has no block rows: a CTA walks the keys of its own rows, fwd_launch.cuh); key tiles of 128 columns
+  // (= block_kv), or of 64 above head dim 128, where two stages of 128-key K and V tiles would not fit in shared
+  // memory: each 128-key mask block is walked as two halves (KvTileWalker).
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kStages = 2;
-  static_assert(kBlockM == 64 || kBlockM == 128, "a CTA takes 64 or 128 query rows");
-  // Warpgroup 0 produces (TMA and mask data, one warp busy); each consumer warpgroup takes 64 query rows. Two
-  // consumer warpgroups ping-pong their GEMMs (fwd_kernel.cuh); a single one runs alone.
+  static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64),
+                "a CTA takes 64 or 128 query rows, or 192 at head dim 64");
+  // Warpgroup 0 produces (TMA and mask data, one warp busy); each consumer warpgroup takes 64 query rows. Two or
+  // three consumer warpgroups take turns at issuing their GEMMs (fwd_kernel.cuh); a single one runs alone.
   static constexpr int kConsumerWGs = kBlockM / 64;
-  static constexpr bool kPingPong = kConsumerWGs == 2;
+  static constexpr bool kPingPong = kConsumerWGs >= 2;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
 
@@ -62,11 +64,11 @@ struct FwdTraits {
   static constexpr int kPoolWords = kBlockN / 32;
   static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
 
-  // 128-row CTAs run persistent (one per SM, work items from a counter), with a separate buffer for the output
-  // tile so the next item's Q can load during an epilogue; 64-row CTAs, and 128-row ones above head dim 128 (no
+  // 128- and 192-row CTAs run persistent (one per SM, work items from a counter), with a separate buffer for the
+  // output tile so the next item's Q can load during an epilogue; 64-row CTAs, and 128-row ones above head dim 128 (no
   // room for that buffer: Q 64 KB + K, V 2 x 2 x 32 KB at 256), run one item and stage O in Q's buffer (each
   // consumer warpgroup in the rows of its own Q).
-  static constexpr bool kPersistent = kBlockM == 128 && kHeadDim <= 128;
+  static constexpr bool kPersistent = kBlockM >= 128 && kHeadDim <= 128;
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // also the output tile's buffer, unless persistent
@@ -91,10 +93,11 @@ struct FwdTraits {
   // 64-row CTAs that fit twice in an SM's 228 KB of shared memory (head dim 64: 75 KB, 96: 112 KB) run two per
   // SM, so two consumer warpgroups share the tensor cores as in a 128-row CTA. Register split for setmaxnreg (24
   // producer registers spilled its TMA coordinates): 40 * 128 + 232 * 256 of 64K for 128 rows; 40 + 216 of
-  // the 128 per thread that two 256-thread CTAs get; 40 + 232 of the 256 of a lone 64-row CTA.
+  // the 128 per thread that two 256-thread CTAs get; 40 + 232 of the 256 of a lone 64-row CTA; 32 * 128 + 160 *
+  // 384 for 192 rows (FlashAttention-3's split for its 192-row head-dim-64 tiles).
   static constexpr int kCtasPerSm = kBlockM == 64 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = kCtasPerSm == 2 ? 216 : 232;
+  static constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 40;
+  static constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : kCtasPerSm == 2 ? 216 : 232;
   static_assert(reg_split_fits(kProducerRegs, kConsumerRegs, kConsumerWGs, kCtasPerSm),
                 "setmaxnreg split exceeds the launch");
 };
