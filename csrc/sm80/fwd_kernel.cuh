@@ -14,7 +14,7 @@
 #include "sm80/mma.cuh"
 #include "omni_attention.h"
 #include "common/softmax.cuh"
-#include "sm80/thread_index.cuh"
+#include "common/thread_index.cuh"
 #include "common/tile_aux.cuh"
 #include "common/tile_copy.cuh"
 #include "common/tile_mask.cuh"

@@ -26,6 +26,7 @@
 #include "sm90/tma.cuh"
 #include "sm90/wgmma.cuh"
 #include "common/softmax.cuh"
+#include "common/thread_index.cuh"
 #include "common/tile_aux.cuh"
 #include "common/tile_copy.cuh"
 #include "common/tile_mask.cuh"
@@ -161,16 +162,6 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
   }
 }
 
-// `x`, as a value the compiler cannot see through. The score coordinates that mask a tile are derived from
-// unhoisted(thread index) where they are used: derived from the plain index, they were hoisted out of the tile loop
-// and kept live across it (a register for each of a thread's key columns): spilled, with the softmax state in the
-// loop at 192-row CTAs' 160 registers, and 2-6% of causal forwards at 128 rows (hopper_forward.md, item 10).
-__forceinline__ __device__ int unhoisted(int x) {
-  int y;
-  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-
 // Warpgroup ping-pong: a consumer warpgroup issues its GEMMs only in its turn and then passes the turn to the
 // next one (round robin over two or three), so the tensor cores run one warpgroup's GEMMs while the others do
 // their softmax. One barrier per warpgroup, after the epilogue's.
@@ -231,6 +222,9 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   auto mask_and_softmax = [&](int t, const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
     if (tile.kind != kTileFull) {
+      // Derived here from an unhoisted ctid: from the plain one, the coordinates were hoisted out of the tile loop
+      // and kept live across it (a register per key column of the thread), which spilled the softmax state at 192
+      // rows' 160 registers and cost 2-6% of causal forwards at 128 rows (hopper_forward.md, item 10).
       const Tensor cS = mma_qk.get_thread_slice(unhoisted(ctid))
                             .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
       mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);
