@@ -352,18 +352,17 @@ def test_hopper_runs_64_row_ctas_while_every_cta_fits_at_once(kernel_path, dim, 
     assert_matches_reference(q, k, v, mask, ref_mask=dense)
 
 
-def _sm90_fwd_rows(batch, heads, q_len, *, implicit, softcap, dim=64) -> int:
-    """The CTA height host/tuning.cuh's sm90_fwd_block_m gives a call with 128-row mask blocks."""
+def _sm90_fwd_rows(batch, heads, q_len, *, implicit, softcap) -> int:
+    """The CTA height host/tuning.cuh's sm90_fwd_block_m gives a head-dim-64 call with 128-row mask blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def tiles(rows):
         return batch * heads * -(-q_len // rows)
 
-    if tiles(64) <= sms * (2 if dim <= 96 else 1):
+    if tiles(64) <= 2 * sms:  # every 64-row CTA resident at once, two per SM
         return 64
     pads_little = 16 * -(-q_len // 192) * 192 <= 17 * -(-q_len // 128) * 128
-    pays = tiles(192) >= 4 * sms and pads_little and implicit and softcap is None
-    return 192 if dim == 64 and pays else 128
+    return 192 if tiles(192) >= 4 * sms and pads_little and implicit and softcap is None else 128
 
 
 @pytest.mark.skipif(not is_hopper(), reason="needs a compute capability 9.0 GPU")
