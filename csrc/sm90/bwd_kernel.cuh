@@ -229,11 +229,14 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDKV mma_dkv;
   typename Traits::TiledMmaDQ mma_dq;
+  // The shared-memory operands are partitioned per warpgroup (warpgroup_slice), the accumulators per thread.
+  const int wg = cutlass::canonical_warp_group_idx() - 1;  // consumer warpgroup, warp-uniform
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  // With kDqSplitKeys each warpgroup runs the dQ GEMM of its keys (dq_keys) as its own thread slice.
-  const int dq_keys = Traits::kDqSplitKeys ? ctid / 128 : 0;
-  auto thr_dq = mma_dq.get_thread_slice(Traits::kDqSplitKeys ? ctid % 128 : ctid);
+  auto wg_sdp = warpgroup_slice(mma_sdp, wg);
+  auto wg_dkv = warpgroup_slice(mma_dkv, wg);
+  // With kDqSplitKeys each warpgroup runs the dQ GEMM of its keys (dq_keys) as a tiled MMA of its own.
+  const int dq_keys = Traits::kDqSplitKeys ? wg : 0;
+  auto wg_dq = warpgroup_slice(mma_dq, Traits::kDqSplitKeys ? 0 : wg);
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename Traits::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQt{});
@@ -247,15 +250,15 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   // Operands: S^T / dP^T read K / V and the stage's Q / dO; dV / dK read P^T / dS^T (dkv_operands_a) and the
   // stage's dO^T / Q^T; dQ reads all of dS and this warpgroup's half of K^T, or with kDqSplitKeys the columns
   // of its own keys of both.
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tKVrQt = thr_dkv.partition_fragment_B(sQt);
-  Tensor tKVrdOt = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tQrdS = thr_dq.partition_fragment_A(
+  Tensor tSrK = wg_sdp.partition_fragment_A(sK);
+  Tensor tSrV = wg_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
+  Tensor tKVrQt = wg_dkv.partition_fragment_B(sQt);
+  Tensor tKVrdOt = wg_dkv.partition_fragment_B(sdOt);
+  Tensor tQrdS = wg_dq.partition_fragment_A(
       local_tile(sdS, Shape<Int<kBlockM>, Int<Traits::kDqKeys>>{}, make_coord(_0{}, dq_keys)));
-  Tensor tQrKt = thr_dq.partition_fragment_B(
+  Tensor tQrKt = wg_dq.partition_fragment_B(
       local_tile(sKt, Shape<Int<kHeadDim>, Int<Traits::kDqKeys>>{}, make_coord(_0{}, dq_keys)));
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -266,7 +269,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor rP = make_tensor<Element>(acc_s.layout());
   Tensor rdS = make_tensor<Element>(acc_s.layout());
-  auto [tKVaP, tKVadS] = dkv_operands_a<Traits>(thr_dkv, rP, rdS, s);
+  auto [tKVaP, tKVadS] = dkv_operands_a<Traits>(wg_dkv, rP, rdS, s);
 
   // Each score's (key, query row) in the tile, and the same as (query row, key).
   const Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -280,7 +283,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
 
   Barrier::wait(&s.kv_full, 0);
   for (int t = 0;; ++t) {
-    const int stage = t % kStages;
+    const int stage = warp_uniform(t % kStages);  // at head dim 256 ptxas kept t per thread (wgmma.cuh)
     Barrier::wait(&s.full[stage], (t / kStages) & 1);
     const QTile tile = s.tile[stage];
     if (!tile.valid) break;

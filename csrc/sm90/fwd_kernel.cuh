@@ -180,18 +180,17 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
-  const int wg = ctid / 128;
+  const int wg = cutlass::canonical_warp_group_idx() - 1;  // warp-uniform: selects wgmma operands (wgmma.cuh)
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(ctid);
   auto thr_pv = mma_pv.get_thread_slice(ctid);
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutVt{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);
-  Tensor tOrVt = thr_pv.partition_fragment_B(sVt);
+  Tensor tSrQ = warpgroup_slice(mma_qk, wg).partition_fragment_A(sQ);
+  Tensor tSrK = warpgroup_slice(mma_qk, wg).partition_fragment_B(sK);
+  Tensor tOrVt = warpgroup_slice(mma_pv, wg).partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   clear(acc_o);
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});

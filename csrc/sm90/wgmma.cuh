@@ -8,6 +8,22 @@ namespace omni::sm90 {
 
 using namespace cute;
 
+// wgmma reads its shared-memory descriptors from uniform registers. Where they derive from a value the compiler
+// does not know to be the same in every lane (the thread index, a loop counter it keeps in a per-thread register),
+// ptxas computes them per thread and moves both words of each into uniform registers (R2UR) before every wgmma:
+// about 50 R2UR per warp and tile in the backward. These two make the values that select an operand warp-uniform.
+
+// `x`, known to the compiler to be the same in every lane of the warp (lane 0's, shuffled).
+__forceinline__ __device__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
+// The slice of `mma` that partitions its shared-memory operands for warpgroup `wg` (warp-uniform: e.g.
+// cutlass::canonical_warp_group_idx()); their descriptors are the same for all of its threads. Accumulators are
+// partitioned by the thread's own slice.
+template <class TiledMma>
+__forceinline__ __device__ auto warpgroup_slice(const TiledMma& mma, int wg) {
+  return mma.get_thread_slice(wg * 128);
+}
+
 // Issues C (+)= A B over every k block as one wgmma batch and commits it. The caller waits with
 // warpgroup_wait<N>() before reading C, so independent work can run while the tensor cores do.
 // A comes from registers (RS) or smem descriptors (SS); kZeroInit skips reading C's old value.
