@@ -39,8 +39,10 @@ class SuiteRun(NamedTuple):
 SUITE_RUNS = (
     SuiteRun("The realistic shape with Flex's FLASH backend, 3 interleaved rounds (the newest library)",
              "results/attention/realistic_flex_flash_h100.json"),
-    SuiteRun("Head dim 64, 3 interleaved rounds (the newest library; Flex's FLASH backend refuses 128-token blocks "
-             "at 64)", "results/attention/realistic_d64_h100.json"),
+    SuiteRun("Head dim 64, causal, 3 interleaved rounds (the newest library; Flex's FLASH backend refuses "
+             "128-token blocks at 64)", "results/attention/realistic_d64_causal_h100.json"),
+    SuiteRun("Head dim 64, 3 interleaved rounds (the library before the warp-uniform wgmma operands; causal 32k "
+             "missing)", "results/attention/realistic_d64_h100.json"),
     SuiteRun("The realistic shape, 5 interleaved rounds (the library before the stmatrix backward)",
              "results/attention/realistic_h100.json"),
     SuiteRun("Small shapes, 5 interleaved rounds", "results/attention/small_h100.json"),
