@@ -29,6 +29,7 @@ SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_rea
 
 
 def calls(mask: str, seq_len: int, mode: str) -> dict:
+    """name -> a call of that implementation: the forward, or with mode "fwd_bwd" the forward and its backward."""
     layout = layouts.build(mask, seq_len)
     gen = torch.Generator(device="cuda").manual_seed(0)
     grad = mode == "fwd_bwd"
@@ -70,6 +71,7 @@ def phase(call, seconds: float = 3.0) -> tuple[float, float, float]:
 
 
 def samples(path: str) -> list[tuple[float, float, float, str, str]]:
+    """nvidia-smi's CSV lines (SMI_FIELDS) as (epoch seconds, SM MHz, watts, temperature, throttle reasons)."""
     rows = []
     for line in open(path):
         parts = [p.strip() for p in line.split(",")]
@@ -92,9 +94,9 @@ def main() -> None:
         for _ in range(3):
             call()
     torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile("r", suffix=".csv") as log:
+    with tempfile.NamedTemporaryFile("w", suffix=".csv") as log:
         smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader", "-lms", "50"],
-                               stdout=open(log.name, "w"))
+                               stdout=log)
         phases = []
         for rnd in range(2):
             for name, call in runs.items():
