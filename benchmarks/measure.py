@@ -2,7 +2,7 @@
 
 Each function here answers one question about a peer's ``fn(q, k, v) -> out`` and returns plain numbers,
 so `benchmarks.run` can put them in a row. Times are medians of `triton.testing.do_bench` (CUDA events,
-warm-up first); peak memory is ``torch.cuda.max_memory_allocated`` over one call minus what was allocated
+warm-up first), or with `sustained_ms` the mean of seconds of calls back to back; peak memory is ``torch.cuda.max_memory_allocated`` over one call minus what was allocated
 before it (the call's outputs, workspace and temporaries; its inputs and masks are not counted).
 """
 
@@ -70,6 +70,27 @@ def median_ms(run: Callable[[], object], rep: float = 100) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median"))
+
+
+def sustained_ms(run: Callable[[], object], seconds: float) -> float:
+    """Milliseconds per call of ``run`` called back to back for ``seconds`` (after a few warm-up calls), by CUDA
+    events around the whole loop; L2 is not flushed. Long enough (a few seconds), this is the regime of a training
+    step: the GPU at its power cap, its clock set by the kernel's power draw, which `median_ms`'s short bursts
+    after idle gaps do not reach (`benchmarks/results/profiles/sustained_clocks.py`)."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, calls = time.perf_counter(), 0
+    begin.record()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            run()
+        calls += 10
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / calls
 
 
 def peak_mib(run: Callable[[], object]) -> float:

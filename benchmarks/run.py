@@ -2,13 +2,14 @@
 one run, on one GPU.
 
     python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
-                             [--no-backward] [--omni-sm80] [--out DIR]
+                             [--no-backward] [--omni-sm80] [--rounds N] [--sustained SECONDS] [--out DIR]
 
 For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed from
 the layout's ids or table in host memory: omni's builder on the GPU, Flex's compiled ``create_block_mask``
 on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference (`omni_hf.ops.reference` with the layout's
 own dense mask), then for each peer check its output (and, with backward, its gradients) against the
-reference and only then time it: median ms by ``triton.testing.do_bench``, TFLOP/s over the allowed pairs
+reference and only then time it: median ms by ``triton.testing.do_bench`` (or, with ``--sustained``, seconds of
+calls back to back at the GPU's power cap, as in a training step), TFLOP/s over the allowed pairs
 (4 * D flops per pair forward, 2.5x that backward), peak memory. One progress line per case; at the end a
 table on stdout, ``suite_<GPU>.json`` (a partial run's name adds what it chose: `result_name`) and
 ``speedup_<shape>.png`` in ``--out`` (default ``$OUT`` if set, else ``benchmarks/results/``); the JSON is
@@ -139,12 +140,13 @@ class Case:
                               heads_q=shape.heads_q, heads_kv=shape.heads_kv, scale=self.scale,
                               why_missing=self.why_missing, omni_sm80=self.omni_sm80)
 
-    def measure_peers(self, case_peers: list[peers.Peer], rounds: int = 1) -> list[dict]:
+    def measure_peers(self, case_peers: list[peers.Peer], rounds: int = 1,
+                      sustained: float | None = None) -> list[dict]:
         """The rows of ``case_peers`` (``fwd`` and ``fwd_bwd`` entries, see `benchmarks.report`). Every peer is
         checked against the reference first; then the runs that passed are timed in ``rounds`` rounds, each
-        timing every run once in turn (``100 / rounds`` ms of repeats), so that drift of the host or the GPU
-        during the case falls on all peers alike. A run's ``ms`` is the median of its rounds' medians
-        (``round_ms``)."""
+        timing every run once in turn (``100 / rounds`` ms of repeats, or ``sustained`` seconds back to back), so
+        that drift of the host or the GPU during the case falls on all peers alike. A run's ``ms`` is the median of
+        its rounds' times (``round_ms``)."""
         rows, timed = [], []
         for peer in case_peers:
             row = {"peer": peer.name, "mask_mib": round(peer.mask_mib, 2)}
@@ -161,7 +163,7 @@ class Case:
             for peer, mode, run, entry in timed:
                 if "errors" in entry:  # not failed in an earlier round
                     with peer.running():
-                        self._time_round(run, entry, rounds)
+                        self._time_round(run, entry, rounds, sustained)
         for _, mode, _, entry in timed:
             if "errors" in entry:
                 entry["ms"] = statistics.median(entry["round_ms"])
@@ -194,11 +196,13 @@ class Case:
         reason = measure.skip_reason(err) or (f"cannot run: {peers.error_text(err)}" if errors_skip else None)
         return {"skipped": reason} if reason else {"failed": measure.describe_error(err)}
 
-    def _time_round(self, run, entry: dict, rounds: int) -> None:
-        """One round's median ms of ``run`` appended to ``entry["round_ms"]``; an error (out of memory) replaces
-        the entry by its reason."""
+    def _time_round(self, run, entry: dict, rounds: int, sustained: float | None = None) -> None:
+        """One round's ms of ``run`` appended to ``entry["round_ms"]``: the median of ``100 / rounds`` ms of
+        `measure.median_ms`, or with ``sustained`` the mean of that many seconds back to back
+        (`measure.sustained_ms`); an error (out of memory) replaces the entry by its reason."""
         try:
-            entry.setdefault("round_ms", []).append(measure.median_ms(run, rep=100 / rounds))
+            ms = measure.sustained_ms(run, sustained) if sustained else measure.median_ms(run, rep=100 / rounds)
+            entry.setdefault("round_ms", []).append(ms)
         except Exception as err:  # noqa: BLE001
             reason = self._broken(err, errors_skip=False)
             entry.clear()
@@ -220,8 +224,10 @@ class Case:
                 "build_ms": {}, **extra, "rows": rows}
 
 
-def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False, rounds: int = 1) -> dict:
-    """The record of one case, its peers timed in ``rounds`` interleaved rounds; one that cannot be set up
+def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False, rounds: int = 1,
+             sustained: float | None = None) -> dict:
+    """The record of one case, its peers timed in ``rounds`` interleaved rounds (each ``sustained`` seconds back
+    to back per peer, when given: `Case._time_round`); one that cannot be set up
     (omni's mask, the inputs or the reference fail) is recorded with its ``error`` and no rows, and the run goes
     on."""
     torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
@@ -231,7 +237,7 @@ def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: b
     except Exception as err:  # noqa: BLE001
         record = Case.record_of(shape, layout, rows=[], error=measure.describe_error(err))
     else:
-        record = case.record(case.measure_peers(case.peers(), rounds))
+        record = case.record(case.measure_peers(case.peers(), rounds, sustained))
         del case
     torch.cuda.empty_cache()
     return record
@@ -286,12 +292,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "in one run")
     parser.add_argument("--rounds", type=int, default=1, help="timing rounds per case, every peer once per round "
                         "(its ms: the median of its rounds); more rounds spread host or GPU drift over all peers")
+    parser.add_argument("--sustained", type=float, default=None, metavar="SECONDS",
+                        help="time each peer in each round by SECONDS of calls back to back (no L2 flush): the GPU "
+                        "at its power cap, as in a training step (default: 100 / rounds ms of do_bench)")
     parser.add_argument("--head-dims", default=None, help="comma-separated head dims, each optionally with its "
                         "query / KV heads (e.g. 256:8/4,80:16/16): every shape runs at each (default: the shape's own)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
+    if args.sustained is not None and not args.sustained > 0:
+        parser.error(f"--sustained: expected seconds > 0, got {args.sustained}")
     try:
         args.head_dims = parse_head_dims(args.head_dims)
     except ValueError as err:
@@ -348,6 +359,8 @@ def result_name(device: str, args: argparse.Namespace) -> str:
         parts.append("sm80")
     if args.rounds > 1:
         parts.append(f"r{args.rounds}")
+    if args.sustained:
+        parts.append(f"sustained{args.sustained:g}s")
     return f"suite_{'_'.join(parts)}.json"
 
 
@@ -386,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {"meta": meta, "cases": records}
     for index, (shape, mask, seq_len) in enumerate(todo, 1):
         case_start = time.time()
-        records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80, args.rounds))
+        records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80, args.rounds,
+                                args.sustained))
         print(f"[{index}/{len(todo)}] {progress_line(records[-1], time.time() - case_start)}", flush=True)
         meta["seconds"] = round(time.time() - start, 1)
         report.write_json(path, result)  # after every case, so a run cut short keeps what it measured

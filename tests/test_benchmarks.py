@@ -269,6 +269,62 @@ def test_rounds_time_every_peer_once_per_round_and_take_the_median_of_the_rounds
         assert entry["tflops"] == pytest.approx(4.0 * 4 * 2 * 36 / entry["ms"] * 1e-9)
 
 
+def test_sustained_rounds_time_every_peer_by_seconds_back_to_back_instead_of_do_bench(monkeypatch):
+    case = _bare_case(backward=False)
+    case.shape, case.pairs = run.Shape("t", 1, 2, 2, 4, torch.float32, (8,), (64,)), 36
+    rounds, seconds, ran, timed = random.randint(2, 4), random.uniform(0.5, 5), [], []
+    drift = {name: [random.uniform(1, 2) for _ in range(rounds)] for name in "ab"}
+
+    def peer(name):
+        return peers.Peer(name, lambda q, k, v: ran.append(name) or q.clone())
+
+    def fake_sustained_ms(run_fn, secs):
+        run_fn()
+        timed.append((ran[-1], secs))
+        return drift[ran[-1]][sum(name == ran[-1] for name, _ in timed) - 1]
+
+    def no_do_bench(run_fn, rep=100):
+        raise AssertionError("do_bench timed a sustained round")
+
+    monkeypatch.setattr(measure, "sustained_ms", fake_sustained_ms)
+    monkeypatch.setattr(measure, "median_ms", no_do_bench)
+    monkeypatch.setattr(measure, "peak_mib", lambda run_fn: 0.0)
+    rows = case.measure_peers([peer("a"), peer("b")], rounds=rounds, sustained=seconds)
+    assert timed == [(name, seconds) for _ in range(rounds) for name in "ab"]
+    for row in rows:
+        assert row["fwd"]["round_ms"] == drift[row["peer"]]
+        assert row["fwd"]["ms"] == statistics.median(drift[row["peer"]])
+
+
+def test_sustained_seconds_are_checked_and_named_in_the_result():
+    args = run.parse_args(["--masks", "causal", "--rounds", "2", "--sustained", "3"])
+    assert args.sustained == 3.0
+    assert run.result_name("H100", args) == "suite_H100_causal_r2_sustained3s.json"
+    assert run.parse_args([]).sustained is None
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--sustained", bad])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA device unavailable")
+def test_sustained_ms_is_milliseconds_per_call():
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def matmul():
+        return a @ a
+
+    per_call = measure.sustained_ms(matmul, 0.2)
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        matmul()
+    stop.record()
+    torch.cuda.synchronize()
+    assert per_call == pytest.approx(start.elapsed_time(stop) / 50, rel=0.5)
+
+
 class _RecordsEnviron(torch.autograd.Function):
     """Identity whose forward and backward note OMNI_HF_DISABLE_SM90 as they run."""
 
