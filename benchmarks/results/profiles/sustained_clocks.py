@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from benchmarks import layouts
+from benchmarks import layouts, measure
 from omni_hf import omni_attention
 
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -56,18 +56,10 @@ def calls(mask: str, seq_len: int, mode: str) -> dict:
 
 
 def phase(call, seconds: float = 3.0) -> tuple[float, float, float]:
-    """(start, end, ms per call) of `call` looped for `seconds`."""
-    start, n = time.time(), 0
-    begin, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    while time.time() - start < seconds:
-        for _ in range(10):
-            call()
-        n += 10
-        torch.cuda.synchronize()
-    stop.record()
-    torch.cuda.synchronize()
-    return start, time.time(), begin.elapsed_time(stop) / n
+    """(start, end, ms per call) of `call` looped for `seconds` (`measure.sustained_ms`)."""
+    start = time.time()
+    ms = measure.sustained_ms(call, seconds)
+    return start, time.time(), ms
 
 
 def samples(path: str) -> list[tuple[float, float, float, str, str]]:
