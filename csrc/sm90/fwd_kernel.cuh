@@ -185,11 +185,12 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
   auto thr_pv = mma_pv.get_thread_slice(ctid);
+  auto wg_qk = warpgroup_slice(mma_qk, wg);
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename Traits::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(s.v), typename Traits::SmemLayoutVt{});
-  Tensor tSrQ = warpgroup_slice(mma_qk, wg).partition_fragment_A(sQ);
-  Tensor tSrK = warpgroup_slice(mma_qk, wg).partition_fragment_B(sK);
+  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
+  Tensor tSrK = wg_qk.partition_fragment_B(sK);
   Tensor tOrVt = warpgroup_slice(mma_pv, wg).partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   clear(acc_o);
