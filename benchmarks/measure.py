@@ -1,9 +1,10 @@
 """Measuring one callable: correctness against the reference, median time, peak memory, build time.
 
-Each function here answers one question about a peer's ``fn(q, k, v) -> out`` and returns plain numbers,
-so `benchmarks.run` can put them in a row. Times are medians of `triton.testing.do_bench` (CUDA events,
-warm-up first), or with `sustained_ms` the mean of seconds of calls back to back; peak memory is ``torch.cuda.max_memory_allocated`` over one call minus what was allocated
-before it (the call's outputs, workspace and temporaries; its inputs and masks are not counted).
+Each function here answers one question about a peer's ``fn(q, k, v) -> out`` and returns plain numbers, so
+`benchmarks.run` can put them in a row. Times are medians of `triton.testing.do_bench` (CUDA events, warm-up first),
+or with `sustained_ms` the mean of seconds of calls back to back; peak memory is ``torch.cuda.max_memory_allocated``
+over one call minus what was allocated before it (the call's outputs, workspace and temporaries; its inputs and
+masks are not counted).
 """
 
 from __future__ import annotations

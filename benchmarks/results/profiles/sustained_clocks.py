@@ -65,7 +65,9 @@ def phase(call, seconds: float = 3.0) -> tuple[float, float, float]:
 def samples(path: str) -> list[tuple[float, float, float, str, str]]:
     """nvidia-smi's CSV lines (SMI_FIELDS) as (epoch seconds, SM MHz, watts, temperature, throttle reasons)."""
     rows = []
-    for line in open(path):
+    with open(path) as lines:
+        text = lines.read()
+    for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         try:
             t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
@@ -82,7 +84,7 @@ def main() -> None:
     parser.add_argument("mode", choices=("fwd", "fwd_bwd"))
     args = parser.parse_args()
     runs = calls(args.mask, args.seq_len, args.mode)
-    for call in runs.values():
+    for call in runs.values():  # compiled and warm before the sampling starts
         for _ in range(3):
             call()
     torch.cuda.synchronize()
