@@ -70,7 +70,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
         fig.tight_layout(rect=(0, 0.06, 1, 0.95))
         path = out_dir / f"speedup_{shape}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")  # a one-mask figure is narrower than its title and legend
         plt.close(fig)
         paths.append(path)
     return paths
