@@ -41,6 +41,13 @@ SUITE_RUNS = (
              "results/attention/realistic_flex_flash_h100.json"),
     SuiteRun("Head dim 64, causal, 3 interleaved rounds (the newest library; Flex's FLASH backend refuses "
              "128-token blocks at 64)", "results/attention/realistic_d64_causal_h100.json"),
+    SuiteRun("Head dim 256 (8 / 4 heads), 3 interleaved rounds (the newest library; Flex's FLASH backend refuses "
+             "128-token blocks at 256)", "results/attention/realistic_d256_h100.json"),
+    SuiteRun("At the power cap, packed VLM: each peer timed by 3 s of calls back to back, 2 interleaved rounds "
+             "(the newest library)", "results/attention/power_cap_vlm_h100.json"),
+    SuiteRun("At the power cap, causal (as above)", "results/attention/power_cap_causal_h100.json"),
+    SuiteRun("At the power cap, head dim 64, causal", "results/attention/power_cap_d64_causal_h100.json"),
+    SuiteRun("At the power cap, head dim 256 (8 / 4 heads), causal", "results/attention/power_cap_d256_causal_h100.json"),
     SuiteRun("Head dim 64, 3 interleaved rounds (the library before the warp-uniform wgmma operands; causal 32k "
              "missing)", "results/attention/realistic_d64_h100.json"),
     SuiteRun("The realistic shape, 5 interleaved rounds (the library before the stmatrix backward)",
