@@ -1,5 +1,6 @@
 // Online softmax over the key tiles of one query tile (FlashAttention-2 style), in base 2 with the
-// softmax scale folded into one FFMA per element. Rows with no allowed key end with out = 0, lse = -inf.
+// softmax scale folded into one FFMA per element. Rows with no allowed key end with out = 0, lse = -inf (or, with
+// sinks, the row's sink logit).
 #pragma once
 #include <cute/tensor.hpp>
 
@@ -16,6 +17,11 @@ using namespace cute;
 // scale. Every forward and backward kernel takes it from here, so the backward's P matches the forward's LSE.
 __forceinline__ __device__ float softmax_scale_log2(const OmniFwdParams& p, bool softcap) {
   return (softcap ? p.softcap : p.scale) * float(M_LOG2E);
+}
+
+// The sink of query head h in the forward's log2 units (-inf where the call has none); see OmniFwdParams::sinks.
+__forceinline__ __device__ float sink_log2(const OmniFwdParams& p, int h) {
+  return p.sinks == nullptr ? -INFINITY : p.sinks[h] * float(M_LOG2E);
 }
 
 __forceinline__ __device__ float fast_exp2(float x) {
@@ -100,16 +106,24 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises o by the row sums and returns each row's natural-log LSE (-inf for an empty row,
-  // whose o stays exactly 0).
+  // Normalises o by the row sums and returns each row's natural-log LSE. sink_log2 is the row's sink logit times
+  // log2(e) (-inf: no sink), which joins the denominator and takes no value. A row with no allowed key keeps o
+  // exactly 0 and gets lse -inf, or the sink's logit where there is one.
   template <class TO>
-  __forceinline__ __device__ void finalize(TO& o, float scale_log2, float (&lse)[kRows]) {
+  __forceinline__ __device__ void finalize(TO& o, float scale_log2, float (&lse)[kRows], float sink_log2 = -INFINITY) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum[r], SumOp{});
-      const bool empty = sum == 0.f;
-      const float inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2) * float(M_LN2) + logf(sum);
+      const float row_max_log2 = sum == 0.f ? -INFINITY : row_max[r] * scale_log2;
+      const float top = fmaxf(row_max_log2, sink_log2);  // the denominator's largest term, log2 units
+      float inv = 0.f;
+      lse[r] = -INFINITY;
+      if (top != -INFINITY) {
+        const float keep = exp2f(row_max_log2 - top);  // 1 without a sink
+        const float total = sum * keep + exp2f(sink_log2 - top);
+        inv = keep / total;
+        lse[r] = top * float(M_LN2) + logf(total);
+      }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
     }

@@ -228,16 +228,26 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const __grid_constant__
     float m = -INFINITY;
     CUTE_UNROLL
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, max_s[w][r]);
+    const Row row = row_of(r, hk, sp.group);
+    // The sink joins the denominator of the whole row, so it is added by the slice that holds the row's first
+    // keys; the merge of the slices' partials then counts it once.
+    const float sink = slice == 0 ? sink_log2(p, row.head) : -INFINITY;
     float o = 0.f, l = 0.f;
     CUTE_UNROLL
     for (int w = 0; w < kWarps; ++w) {
       o += o_s[(w * kMaxRows + r) * kDim + d];
       l += max_s[w][r] == -INFINITY ? 0.f : sum_s[w][r] * exp2f(max_s[w][r] - m);
     }
-    const bool empty = l == 0.f;
-    o = empty ? 0.f : o / l;
-    const float lse = empty ? -INFINITY : (m + log2f(l)) * float(M_LN2);
-    const Row row = row_of(r, hk, sp.group);
+    const float top = fmaxf(l == 0.f ? -INFINITY : m, sink);  // the denominator's largest term, log2 units
+    float lse = -INFINITY;
+    if (top == -INFINITY) {
+      o = 0.f;
+    } else {
+      const float keep = l == 0.f ? 0.f : exp2f(m - top);
+      const float total = l * keep + exp2f(sink - top);
+      o = o * keep / total;
+      lse = (top + log2f(total)) * float(M_LN2);
+    }
     const int64_t n = (static_cast<int64_t>(b) * p.heads_q + row.head) * p.q_len + row.query;
     if (sp.plan.slices == 1) {
       Element* out = static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + row.head * p.out.stride_h +

@@ -3,7 +3,7 @@
 // one dispatch: the op reads its tensors, allocates its outputs with torch's caching allocator (CUDA-graph safe),
 // takes torch's current stream and calls the C entry points of include/omni_attention.h. Nothing here syncs.
 //
-//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap) -> (out, lse)
+//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap)
 //       -> (dq, dk, dv)
 //   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
@@ -220,8 +220,10 @@ OmniFwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptTensor indices, OptTensor types,
                                OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges,
                                int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, double scale,
-                               double softcap) {
+                               double softcap, OptTensor sinks) {
   check_qkv(q, k, v);
+  STD_TORCH_CHECK(!sinks.has_value() || (sinks->dim() == 1 && sinks->size(0) == q.size(1) && sinks->is_contiguous()),
+                  "sinks: expected a contiguous float32 [Hq] tensor");
   check_mask_extent(num, doc, grp, q, k);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
@@ -230,6 +232,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
   const OmniMask mask = make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
                                   true, q.get_device_index());
   OmniFwdParams p = fwd_params(q_in, k_in, v_in, mask, scale, softcap, stream);
+  p.sinks = static_cast<const float*>(pointer(sinks, ScalarType::Float, "sinks", q.get_device_index()));
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, aoti_torch_dtype_float32(), q);
   poison(out, stream);
   poison(lse, stream);
@@ -343,7 +346,7 @@ extern "C" void omni_set_poison_outputs(int on) { g_poison_outputs = on != 0; }
 STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
         "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
-        "int window, float scale, float softcap) -> (Tensor, Tensor)");
+        "int window, float scale, float softcap, Tensor? sinks) -> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
         "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
         "int kind, int block_q, int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");

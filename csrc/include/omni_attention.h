@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 5
+#define OMNI_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,7 +75,7 @@ typedef struct {
 // (with doc_ids / group_ids NULL: doc = 0 and grp = -1 at every position). Implicit kinds: OMNI_MASK_CAUSAL
 // allows j <= qpos && (window <= 0 || qpos - j < window); OMNI_MASK_FULL allows every key.
 // Rows past q_len and columns past kv_len are never allowed. A row with no allowed key gives out = 0,
-// lse = -inf, and zero gradients.
+// lse = -inf (with sinks: lse = sinks[h]), and zero gradients.
 typedef struct {
   int32_t kind;                   // OmniMaskKind; the lists, pool and ids are read for OMNI_MASK_BLOCKS only
   OmniBlockList kv;               // row view (forward, dQ)
@@ -102,6 +102,11 @@ typedef struct {
   int32_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
   float scale;                    // applied to q.k before softcap
   float softcap;                  // <= 0: none; else s = softcap * tanh(s / softcap)
+  // Per-query-head sink logits [heads_q] fp32 contiguous (natural log, on the scale of the scaled and capped
+  // scores), or NULL: exp(sinks[h]) joins every row's softmax denominator and takes no value, so
+  // lse = log(exp(sinks[h]) + sum_j exp(s_j)) and out = sum_j exp(s_j - lse) v_j. Read by the forward only: the
+  // backward's P = exp(s - lse) already holds the sink.
+  const float* sinks;
   OmniTensor q, k, v;             // q [B, Hq, q_len, D]; k, v [B, Hkv, kv_len, D]; Hq % Hkv == 0
   OmniTensor out;                 // [B, Hq, q_len, D], written by the forward
   float* lse;                     // [B, Hq, q_len] fp32 contiguous, natural log; -inf for empty rows

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   // Epilogue: normalise, stage O through smem (reusing Q's space), store 16-byte rows and the LSE.
   float lse[decltype(size<0>(rowcol(acc_o)))::value];
   auto o_rc = rowcol(acc_o);
-  softmax.finalize(o_rc, scale_log2, lse);
+  softmax.finalize(o_rc, scale_log2, lse, sink_log2(p, h));
   Tensor rO = convert_fragment<Element>(acc_o);
   auto copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomAcc{}, mma);
   cp_async_wait<0>();

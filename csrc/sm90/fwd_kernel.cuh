@@ -269,7 +269,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   // Epilogue: normalise, stage this warpgroup's 64 rows of O in its rows of the O buffer (after the previous
   // item's stores have read it), store 16-byte rows.
   float lse[kRows];
-  softmax.finalize(o_rc, scale_log2, lse);
+  softmax.finalize(o_rc, scale_log2, lse, sink_log2(p, h));
   Tensor rO = convert_fragment<Element>(acc_o);
   Tensor sO_all = make_tensor(make_smem_ptr(Traits::kPersistent ? s.o : s.q), typename Traits::SmemLayoutQ{});
   if constexpr (Traits::kPersistent) named_barrier_sync(kEpilogueBarrier + wg, 128);

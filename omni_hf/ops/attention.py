@@ -36,6 +36,7 @@ def omni_attention(
     *,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` over ``k``, ``v`` where ``block_mask`` allows.
@@ -50,7 +51,10 @@ def omni_attention(
             on q's device (implicit masks, `OmniBlockMask.causal` and `OmniBlockMask.full`, serve any device).
         scale: multiplies ``q.k`` (default ``D ** -0.5``).
         softcap: if set, scores become ``softcap * tanh(score / softcap)``.
-        return_lse: also return the log-sum-exp of each row.
+        sinks: ``[Hq]`` learnable sink logits (gpt-oss's ``s_aux``), float32 or q's dtype, on q's device: each joins
+            its head's softmax denominators as ``exp(sink)`` and takes no value; differentiable. A row with no
+            allowed key then outputs 0 with LSE = its sink.
+        return_lse: also return the log-sum-exp of each row (the sink included).
 
     Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
 
@@ -60,7 +64,9 @@ def omni_attention(
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
     q, k, v = cast_for_autocast(q, k, v)
-    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v)
+    if sinks is not None:
+        _check_sinks(sinks, q)
+    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -103,14 +109,16 @@ def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
                         float(softcap or 0.0))
 
 
-def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
-    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell."""
+    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` (checked
+    by the caller) is not part of the prepared call: each layer has its own."""
     try:
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _Attention.apply(q, k, v, *call)
-        return _forward(q, k, v, *call)
+        inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            return _Attention.apply(q, k, v, sinks, *call)
+        return _forward(q, k, v, sinks, *call)
     except RuntimeError:
         if call.backend == _CUDA:
             _explain_inputs(q, k, v, OmniBlockMask.from_tuple(call.mask_tensors, call.mask_sizes), call.scale,
@@ -123,15 +131,16 @@ def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor,
 _CUDA, _REFERENCE = "cuda", "reference"
 
 
-def _forward(q, k, v, backend: str, mask_tensors, mask_sizes, scale: float, softcap: float):
+def _forward(q, k, v, sinks, backend: str, mask_tensors, mask_sizes, scale: float, softcap: float):
     """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask.as_tuple`; the reference runs as its
     custom op while compiling (opaque to Dynamo)."""
     if backend == _CUDA:
-        return library.forward(q, k, v, mask_tensors, mask_sizes, scale, softcap)
+        kernel_sinks = None if sinks is None else sinks.detach().float().contiguous()
+        return library.forward(q, k, v, mask_tensors, mask_sizes, scale, softcap, kernel_sinks)
     if torch.compiler.is_compiling():
-        return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap)
+        return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks)
     return reference.attention_forward(q, k, v, OmniBlockMask.from_tuple(mask_tensors, mask_sizes), scale,
-                                       softcap or None)
+                                       softcap or None, sinks)
 
 
 def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
@@ -145,15 +154,15 @@ def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, s
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd of `omni_attention`: ``forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap)
-    -> (out, lse)``; lse is not differentiable. The mask travels flattened (`OmniBlockMask.as_tuple`) so that
+    """Autograd of `omni_attention`: ``forward(q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap)
+    -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`. The mask travels flattened (`OmniBlockMask.as_tuple`) so that
     Dynamo sees only tensors and constants; its tensors never need a gradient, so they ride on ctx rather than
     through save_for_backward, which keeps the call's argument count (and its host cost) small."""
 
     @staticmethod
-    def forward(ctx, q, k, v, backend, mask_tensors, mask_sizes, scale, softcap):
-        out, lse = _forward(q, k, v, backend, mask_tensors, mask_sizes, scale, softcap)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap):
+        out, lse = _forward(q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.args = backend, mask_tensors, mask_sizes, scale, softcap
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for lse's gradient
@@ -161,25 +170,29 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         backend, tensors, sizes, scale, softcap = ctx.args
-        grads = (None, None, None) if grad_out is None else _backward(
-            backend, grad_out, q, k, v, out, lse, tensors, sizes, scale, softcap)
-        return (*grads, None, None, None, None, None)
+        if grad_out is None:
+            return (None,) * 9
+        grads = _backward(backend, grad_out, q, k, v, out, lse, tensors, sizes, scale, softcap)
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            dsinks = reference.sink_gradient(grad_out, out, lse, sinks)
+        return (*grads, dsinks, None, None, None, None, None)
 
 
 @torch.library.custom_op("omni_hf::reference_forward", mutates_args=())
 def reference_forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: list[Optional[torch.Tensor]],
-    mask_sizes: list[int], scale: float, softcap: float,
+    mask_sizes: list[int], scale: float, softcap: float, sinks: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference forward as one op (for compiled graphs): out ``[B, Hq, Sq, D]``, lse float32 ``[B, Hq, Sq]``."""
     mask = OmniBlockMask.from_tuple(mask_tensors, mask_sizes)
-    return reference.attention_forward(q, k, v, mask, scale, softcap or None)
+    return reference.attention_forward(q, k, v, mask, scale, softcap or None, sinks)
 
 
 @reference_forward_op.register_fake
-def _(q, k, v, mask_tensors, mask_sizes, scale, softcap):
+def _(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -295,6 +308,19 @@ def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
         raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0 and math.isfinite(softcap)):
         raise ValueError(f"softcap: expected a positive finite float or None, got {softcap!r}")
+
+
+def _check_sinks(sinks, q: torch.Tensor) -> None:
+    """sinks: a floating ``[Hq]`` tensor on q's device, float32 or q's dtype."""
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks: expected a torch.Tensor [Hq] or None, got {type(sinks).__name__}")
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks: expected shape [Hq] = [{q.shape[1]}] (one logit per query head), got "
+                         f"{tuple(sinks.shape)}")
+    if sinks.dtype not in (torch.float32, q.dtype) or not sinks.is_floating_point():
+        raise TypeError(f"sinks: expected dtype torch.float32 or q's {q.dtype}, got {sinks.dtype}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks: expected device {q.device} (that of q), got {sinks.device}")
 
 
 def _looks_like_bshd(q: torch.Tensor, k: torch.Tensor, block_mask: OmniBlockMask) -> bool:

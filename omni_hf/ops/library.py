@@ -37,7 +37,7 @@ from .. import build as _build
 __all__ = ["available", "unsupported_reason", "kernel_head_dim", "forward", "backward", "token_mask",
            "output_strides", "set_poison_outputs"]
 
-ABI_VERSION = 5  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
+ABI_VERSION = 6  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
 HEAD_DIMS = (64, 96, 128, 256)  # the kernels' instantiations (csrc/generate_instantiations.py's table), ascending
 # Shared memory per block that the sm_80 backward needs above head dim 128 (64-key tiles of 256 columns, Q and dO
 # double-buffered): Hopper grants it, an A100 (163 KB) does not.
@@ -215,22 +215,25 @@ def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None],
-            mask_sizes: Sequence[int], scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+            mask_sizes: Sequence[int], scale: float, softcap: float | None,
+            sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on the GPU (``omni_hf::fwd``).
 
     Args:
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]``; fp16 / bf16, any strides.
         mask_tensors, mask_sizes: the mask as `OmniBlockMask.as_tuple` flattens it, on q's device (or implicit).
         scale: multiplies q.k; softcap: None or 0 for none, else > 0.
+        sinks: None, or float32 ``[Hq]`` contiguous on q's device: each query head's sink logit, which joins every
+            row's softmax denominator and takes no value.
     Returns:
         out ``[B, Hq, Sq, D]`` in q's dtype and layout (`output_strides`) and lse float32 ``[B, Hq, Sq]``
-        (-inf on empty rows).
+        (the sink included; -inf on empty rows without a sink).
     """
     num, indices, types, partial = mask_tensors[ROW_VIEW]
     pool, doc, grp, ranges = mask_tensors[SHARED]
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                         block_q, block_kv, window, scale, softcap or 0.0)
+                                         block_q, block_kv, window, scale, softcap or 0.0, sinks)
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -285,7 +288,7 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("omni_hf::fwd")
     def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,
-          softcap):
+          softcap, sinks):
         return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.register_fake("omni_hf::bwd")

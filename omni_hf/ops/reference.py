@@ -2,7 +2,8 @@
 
 Scores and softmax run in float32 (float64 for float64 inputs), chunked over query rows so memory stays
 at ``chunk x kv_len`` per head: S = 16k runs on a CPU. GQA shares each K/V head among its query heads
-by a view, never a copy. A query row with no allowed key gives output 0, LSE = -inf and zero gradient.
+by a view, never a copy. A query row with no allowed key gives output 0, LSE = -inf (the sink's logit where the
+call has sinks) and zero gradient. The backward needs no sinks: ``P = exp(s - lse)`` holds them through the LSE.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from ..mask import OmniBlockMask
 
-__all__ = ["attention_forward", "attention_backward"]
+__all__ = ["attention_forward", "attention_backward", "sink_gradient"]
 
 _CHUNK_ELEMENTS = 1 << 24  # score elements of one query-row chunk
 
@@ -23,6 +24,7 @@ def attention_forward(
     mask: OmniBlockMask | torch.Tensor,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention.
 
@@ -30,8 +32,11 @@ def attention_forward(
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]`` with ``Hq % Hkv == 0``; any float dtype and strides.
         mask: an `OmniBlockMask`, or a dense bool ``[B|1, Hq|1, Sq, Skv]`` (True = allowed).
         scale: multiplies ``q.k`` (default ``D ** -0.5``); softcap: ``s -> softcap * tanh(s / softcap)``.
+        sinks: None, or ``[Hq]`` float: each query head's sink logit, one more term ``exp(sink)`` of every row's
+            softmax denominator that takes no value.
     Returns:
-        out ``[B, Hq, Sq, D]`` in q's dtype and lse float32 ``[B, Hq, Sq]`` (natural log, -inf on empty rows).
+        out ``[B, Hq, Sq, D]`` in q's dtype and lse float32 ``[B, Hq, Sq]`` (natural log, the sink included; -inf
+        on empty rows without a sink, the sink's logit on empty rows with one).
     """
     scale = _scale(q, scale)
     batch, heads_q, q_len, dim = q.shape
@@ -39,14 +44,19 @@ def attention_forward(
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
     acc, heads_kv = _accumulation_dtype(q), k.shape[1]
     kf, vf = _grouped(k, acc), _grouped(v, acc)
+    sink = None if sinks is None else sinks.to(acc).reshape(1, heads_kv, heads_q // heads_kv, 1, 1)
     for start, stop in _chunks(q, k):
         allowed = _mask_rows(mask, start, stop, heads_kv, q.device)
         s, _ = _scores(_grouped_q(q, heads_kv, start, stop, acc), kf, scale, softcap)
         s = s.masked_fill_(~allowed, float("-inf"))
         row_max = s.amax(-1, keepdim=True)
+        if sink is not None:
+            row_max = torch.maximum(row_max, sink)
         row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
         e = torch.exp_(s.sub_(row_max))
         total = e.sum(-1, keepdim=True)
+        if sink is not None:
+            total = total + torch.exp(sink - row_max)
         out[:, :, start:stop] = _ungroup((e @ vf) / torch.where(total > 0, total, 1.0)).to(q.dtype)
         lse[:, :, start:stop] = _ungroup((row_max + torch.log(total)).squeeze(-1)).float()
     return out, lse
@@ -91,6 +101,20 @@ def attention_backward(
         dq[:, :, start:stop] = _ungroup(ds @ kf * scale).to(q.dtype)
         dk += (ds.transpose(-1, -2) @ qc).sum(2, keepdim=True) * scale
     return dq, dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype)
+
+
+def sink_gradient(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """The gradient of the sink logits: ``dsink[h] = -sum over b, rows of exp(sinks[h] - lse) * rowsum(dout * out)``.
+
+    Args:
+        dout, out: ``[B, Hq, Sq, D]``; lse: float32 ``[B, Hq, Sq]`` (the forward's, sink included); sinks: ``[Hq]``.
+    Returns:
+        ``[Hq]`` in sinks' dtype, reduced on the device (no host sync).
+    """
+    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+    row_dot = (dout.to(acc) * out.to(acc)).sum(-1)
+    weight = torch.exp(sinks.to(acc)[None, :, None] - lse.to(acc))
+    return -(weight * row_dot).sum((0, 2)).to(sinks.dtype)
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
