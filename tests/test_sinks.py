@@ -118,7 +118,9 @@ needs_library = pytest.mark.skipif(not library.available(), reason="needs a CUDA
 
 
 def _kernel_errors_within_bound(inputs_cuda, mask, softcap, name):
-    """The kernel's errors against float64 stay within ROUNDINGS_BOUND of the bf16 reference's own."""
+    """The kernel's errors against float64 stay within ROUNDINGS_BOUND of the bf16 reference's own; dsinks, a sum
+    over every row of a head in which the terms cancel, within what the kernel's own out and lse errors allow
+    (`_dsinks_error_bound`)."""
     out, lse, grads = _run(*inputs_cuda, mask, softcap)
     gold_out, gold_lse, gold_grads = _gold(*inputs_cuda, mask, softcap)
     with pytest.MonkeyPatch.context() as mp:
@@ -128,9 +130,26 @@ def _kernel_errors_within_bound(inputs_cuda, mask, softcap, name):
     floor = 1e-3  # bf16's half-ulp: where the reference rounds exactly, the kernel may still round once
     assert relative_error(out, gold_out) <= ROUNDINGS_BOUND * relative_error(ref_out, gold_out) + floor, name
     assert (lse.double() - gold_lse).abs().max() < 1e-3 + (ref_lse.double() - gold_lse).abs().max(), name
-    for grad, ref, gold, what in zip(grads, ref_grads, gold_grads, ("dq", "dk", "dv", "dsinks")):
+    for grad, ref, gold, what in zip(grads[:3], ref_grads, gold_grads, ("dq", "dk", "dv")):
         assert torch.isfinite(grad).all(), (name, what)
         assert relative_error(grad, gold) <= ROUNDINGS_BOUND * relative_error(ref, gold) + floor, (name, what)
+    dout, sinks = inputs_cuda[3], inputs_cuda[4]
+    error = (grads[3].double() - gold_grads[3]).abs()
+    assert (error <= _dsinks_error_bound(dout, sinks, out, lse, gold_out, gold_lse)).all(), (name, error)
+
+
+def _dsinks_error_bound(dout, sinks, out, lse, gold_out, gold_lse) -> torch.Tensor:
+    """[Hq] float64: how far ``dsinks = -sum_rows w * D`` (``w = exp(sink - lse)``, ``D = rowsum(dout * out)``) may
+    lie from the definition's when computed from the kernel's out and lse: by the triangle inequality at most
+    ``sum_rows w_gold * |D - D_gold| + |w - w_gold| * |D|``, with ``|D - D_gold| <= rowsum(|dout| * |out -
+    out_gold|)``; plus float32 rounding (2^-20 of ``sum_rows w * rowsum(|dout * out|)``)."""
+    dout, out, lse = dout.double(), out.double(), lse.double()
+    w_gold = torch.exp(sinks.double()[None, :, None] - gold_lse.detach())
+    w = torch.exp(sinks.double()[None, :, None] - lse)
+    d = (dout * out).sum(-1)
+    d_error = (dout.abs() * (out - gold_out.detach()).abs()).sum(-1)
+    terms = w_gold * d_error + (w - w_gold).abs() * d.abs()
+    return (terms + 2.0 ** -20 * w * (dout * out).abs().sum(-1)).sum((0, 2))
 
 
 @needs_library
