@@ -64,8 +64,6 @@ def omni_attention(
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
     q, k, v = cast_for_autocast(q, k, v)
-    if sinks is not None:
-        _check_sinks(sinks, q)
     out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks)
     return (out, lse) if return_lse else out
 
@@ -112,8 +110,10 @@ def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
 def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
-    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` (checked
-    by the caller) is not part of the prepared call: each layer has its own."""
+    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` is not
+    part of the prepared call (each layer has its own): checked here."""
+    if sinks is not None:
+        _check_sinks(sinks, q)
     try:
         inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
