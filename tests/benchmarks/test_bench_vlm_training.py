@@ -4,21 +4,17 @@ against omni's, and a tiny run end to end (JSON, table, omni and sdpa giving the
 import collections
 import json
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
-
-from benchmarks import bench_vlm_training as bench  # noqa: E402
-import omni_hf  # noqa: E402
-from omni_hf import OmniBlockMask  # noqa: E402
-from omni_hf.integrations.transformers.attention import omni_attention_forward  # noqa: E402
-from omni_hf.integrations.transformers.packed_towers import PACKED  # noqa: E402
+from benchmarks import bench_vlm_training as bench
+import omni_hf
+from omni_hf import OmniBlockMask
+from omni_hf.integrations.transformers.attention import omni_attention_forward
+from omni_hf.integrations.transformers.packed_towers import PACKED
 
 
 @pytest.mark.parametrize("trial", range(4))

@@ -3,15 +3,11 @@ medians and the table on the CPU with a stand-in for the child processes; the me
 
 import random
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
-
-from benchmarks import kernel_ab  # noqa: E402
+from benchmarks import kernel_ab
 
 
 def test_libraries_parse_in_order_and_bad_specs_name_themselves():
@@ -149,13 +145,9 @@ def test_main_prints_the_table_from_the_children(monkeypatch, capsys, tmp_path):
     assert saved["libraries"] == libraries and len(saved["runs"]["new"]) == 2
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_measure_case_on_the_gpu(which):
-    from omni_hf.ops import library as _cuda
-
-    if not _cuda.available():
-        pytest.skip("the omni_hf CUDA library is not available")
     row = kernel_ab.measure_case(kernel_ab.Case("vlm", 1024, 1, 4, 2, 64, "bfloat16"), which)
     assert row["case"] == "vlm S1024 B1 H4/2 D64"
     assert row["kernel_us"] > 0 and row["eager_us"] > 0 and row["tflops"] > 0

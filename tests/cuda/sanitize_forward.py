@@ -1,8 +1,8 @@
 """Small forward cases for compute-sanitizer (not a pytest module): every tile kind, both block sizes, every
 instantiated head dim, tails, q_len = 1, broadcast masks, GQA, the decode path. Run on a GPU as
 
-    compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
-    compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python tests/sanitize_forward.py
+    compute-sanitizer --tool memcheck --kernel-name kns=fwd_kernel python -m tests.cuda.sanitize_forward
+    compute-sanitizer --tool racecheck --kernel-name kns=fwd_kernel python -m tests.cuda.sanitize_forward
 
 and expect "ERROR SUMMARY: 0 errors". Head dims given as arguments (any multiple of 8, e.g. 72 for the 96 kernels at
 a true width) replace the instantiated ones in the block-list cases. On a Hopper GPU the cases with 128-key blocks
@@ -17,12 +17,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from brute_force import packed_vlm_ids, without_ranges  # noqa: E402
-from test_cuda_forward import random_block_dense  # noqa: E402
-
-from omni_hf import OmniBlockMask  # noqa: E402
-from omni_hf.ops import library  # noqa: E402
+from omni_hf import OmniBlockMask
+from omni_hf.ops import library
+from tests.helpers.brute_force import packed_vlm_ids, without_ranges
+from tests.helpers.kernel_checks import random_block_dense
 
 
 def cases(dims):

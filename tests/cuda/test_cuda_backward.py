@@ -15,7 +15,7 @@ On a Hopper GPU each test runs twice: through the sm_90a main kernel (which take
 falls back to sm_80 for the rest) and with OMNI_HF_DISABLE_SM90=1, through the sm_80 kernel.
 
 Skipped (never failed) without a CUDA device or the library. Run one small case standalone, e.g. under
-compute-sanitizer: ``python tests/test_cuda_backward.py``.
+compute-sanitizer: ``python -m tests.cuda.test_cuda_backward``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_paths import is_hopper, kernel_names, kernel_path  # noqa: F401  (kernel_path: autouse fixture)
-from brute_force import without_ranges
 from omni_hf.mask import RANGE_INEXACT, OmniBlockMask
 from omni_hf.ops import library, reference
+from tests.helpers.brute_force import without_ranges
+from tests.helpers.gpu_paths import is_hopper, kernel_names
 
-pytestmark = pytest.mark.skipif(not library.available(), reason="needs a CUDA device and the omni_hf CUDA library")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("kernel_path")]
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error (see the module docstring)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from brute_force import causal_dense
 from omni_hf import OmniBlockMask, build
 from omni_hf.ops import library
+from tests.helpers.brute_force import causal_dense
 
 
 def needs(*tools: str) -> None:

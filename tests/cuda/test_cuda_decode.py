@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brute_force import relative_error
-from gpu_paths import kernel_names
 from omni_hf import OmniBlockMask, omni_attention
-from omni_hf.ops import library, reference
-from test_cuda_forward import LSE_ATOL_SOFTCAP, _qkv, assert_matches_reference, poisoned_outputs  # noqa: F401
+from omni_hf.ops import reference
+from tests.helpers.brute_force import relative_error
+from tests.helpers.gpu_paths import kernel_names
+from tests.helpers.kernel_checks import LSE_ATOL_SOFTCAP, _qkv, assert_matches_reference
 
-pytestmark = pytest.mark.skipif(not library.available(), reason="CUDA device or omni_hf CUDA library unavailable")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_outputs")]
 
 TILE_KEYS = 64  # keys per tile of the slice kernel (16 per warp)
 

@@ -11,9 +11,9 @@ split-KV decode kernel (up to 8 KV heads there).
 
 Each case runs the public op, ``omni_hf.omni_attention`` with ``OMNI_HF_BACKEND=cuda`` (forward and autograd
 backward), and compares out, LSE, dq, dk and dv with the reference in float64 under the brute-force dense mask (for an
-implicit mask, built from position comparisons in tests/brute_force.py, not from the mask).
-Bounds (those of tests/test_cuda_forward.py and tests/test_cuda_backward.py): out and each gradient may be at most
-``ROUNDINGS_BOUND`` times as far from float64 as the reference implementation run in the same dtype; LSE within
+implicit mask, built from position comparisons in tests/helpers/brute_force.py, not from the mask).
+Bounds (those of tests/cuda/test_cuda_forward.py and tests/cuda/test_cuda_backward.py): out and each gradient may be at
+most ``ROUNDINGS_BOUND`` times as far from float64 as the reference implementation run in the same dtype; LSE within
 ``LSE_ATOL`` of float64. Rows with no allowed key must give exactly 0 and LSE -inf, and exactly zero gradients, as
 must keys no query of their group sees. With ``OMNI_HF_DIFF_LOG=/path/file`` every case appends one line (its
 configuration, errors and bounds) to that file, passing or not.
@@ -30,17 +30,17 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from brute_force import causal_dense, random_token_ids, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import reference
+from tests.helpers.brute_force import causal_dense, random_token_ids, relative_error, token_rule_dense
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 CASES = 240
 IMPLICIT_CASES = 120  # seeds CASES to CASES + IMPLICIT_CASES - 1
 DECODE_ROWS = 16  # csrc/decode/decode.cuh kMaxRows: implicit masks with q_len * Hq / Hkv <= 16 take the decode kernel
-ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as tests/test_cuda_backward.py derives it
-LSE_ATOL = 2e-3  # as tests/test_cuda_forward.py
+ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as tests/cuda/test_cuda_backward.py derives it
+LSE_ATOL = 2e-3  # as tests/cuda/test_cuda_forward.py
 BLOCKS = ((64, 64), (128, 128), (64, 128), (128, 64))
 
 

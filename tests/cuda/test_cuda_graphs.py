@@ -13,11 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from brute_force import relative_error
 from omni_hf import OmniBlockMask, omni_attention
-from omni_hf.ops import library
+from tests.helpers.brute_force import relative_error
 
-pytestmark = pytest.mark.skipif(not library.available(), reason="needs a CUDA device and the omni_hf CUDA library")
+pytestmark = pytest.mark.gpu
 
 # Gradients that go through dQ differ between two runs by the order of its fp32 atomic sums, a few bf16 roundings
 # flipped among thousands of elements; a stale buffer or a wrong mask in a replay would be off by O(1).

@@ -5,7 +5,7 @@ default; no copy of q, k, v).
 
 CPU: the table of which kernel takes each head dim, and the exactness of zero columns through the reference.
 GPU (skipped without CUDA and the library): forward and every gradient of the public op at instantiated and
-in-between head dims against the float64 definition (tests/brute_force.py), within the same derived bound as the
+in-between head dims against the float64 definition (tests/helpers/brute_force.py), within the same derived bound as the
 kernel tests (4x the same-dtype reference's error), over poisoned outputs, on both Hopper kernel paths; and no fp16 /
 bf16 call with a head dim the kernels take ever reaches the reference.
 """
@@ -15,14 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brute_force import causal_dense, naive_attention, packed_vlm_ids, token_rule_dense
-from gpu_paths import kernel_path  # noqa: F401  (autouse: both Hopper kernel paths)
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import library, reference
+from tests.helpers.brute_force import causal_dense, naive_attention, packed_vlm_ids, token_rule_dense
+
+pytestmark = pytest.mark.usefixtures("kernel_path")  # both Hopper kernel paths
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in test_cuda_backward.py
 ALL_HEAD_DIMS = tuple(range(8, 257, 8))
-GPU = pytest.mark.skipif(not library.available(), reason="needs a CUDA device and the omni_hf CUDA library")
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -103,7 +103,7 @@ def _run(q, k, v, dout, mask):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-@GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128, 200, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("kind", ("vlm", "causal", "blocks64", "blocks128"))
@@ -128,7 +128,7 @@ def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, d
         assert err <= bound, f"D={dim} {name}: relative error {err:.2e} > {bound:.2e}"
 
 
-@GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("dim", (200, 256))
 @pytest.mark.parametrize("q_len, kv_len, kind", [(1, 1000, "causal"), (3, 1031, "causal"), (2, 129, "full")])
 def test_decoding_sized_calls_above_the_decode_kernels_head_dims_match_the_definition(q_len, kv_len, kind, dim,
@@ -155,7 +155,7 @@ def test_decoding_sized_calls_above_the_decode_kernels_head_dims_match_the_defin
     assert torch.isfinite(out).all() and err <= bound, f"relative error {err:.2e} > {bound:.2e}"
 
 
-@GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 def test_no_half_precision_call_the_kernels_can_take_reaches_the_reference(dtype, monkeypatch):
     def refuse(*args, **kwargs):

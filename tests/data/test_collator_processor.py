@@ -4,7 +4,7 @@ the packed order, raw conversations run through the processor, and the errors th
 
 Expected values come from the samples (their tokens, their vision inputs) and from the models' own code
 (Qwen2-VL's ``get_rope_index``), never from the collator's arithmetic. The processed samples are the tiny families of
-tests/test_vlm_sft.py.
+tests/helpers/vlm_samples.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from omni_hf import OmniCollator, VisionInputs
-from test_vlm_sft import QWEN_TOKENS, sft_vlm, tiny, tiny_paligemma, with_images
+from tests.helpers.vlm_samples import QWEN_TOKENS, sft_vlm, tiny, tiny_paligemma, with_images
 
 IGNORE = -100
 

@@ -24,12 +24,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers "omni")
-from brute_force import random_token_ids, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, OmniCollator, omni_attention
 from omni_hf.distributed import (ContextParallel, ContextParallelCollator, allowed_keys_per_query, balanced_bounds,
                                  token_work_in_pairs)
+from tests.helpers.brute_force import random_token_ids, relative_error, token_rule_dense
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "context_parallel.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "context_parallel.py"
 
 LENGTH = 600
 
@@ -357,8 +357,7 @@ def test_the_engines_on_two_gpus_give_one_process_loss(engine, tmp_path):
 
 def same_row_rank(rank, world_size):
     """`check_same_row` of the example on shards of one row, then of rows that differ by rank."""
-    sys.path.insert(0, str(EXAMPLE.parent))
-    from context_parallel import check_same_row
+    from examples.context_parallel import check_same_row
 
     doc, grp = packed_ids(0)
     check_same_row(ContextParallel(doc, grp, (0, 300, LENGTH), rank))

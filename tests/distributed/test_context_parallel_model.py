@@ -4,16 +4,12 @@ definitions (FLOPs of a Llama layer, a ring's pipeline, Ulysses' all-to-all byte
 import json
 import math
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
-
-from brute_force import packed_vlm_ids, random_token_ids, token_rule_dense  # noqa: E402
-from benchmarks import context_parallel_model as model  # noqa: E402
+from benchmarks import context_parallel_model as model
+from tests.helpers.brute_force import packed_vlm_ids, random_token_ids, token_rule_dense
 
 FREE_LINKS = dict(nvlink_gb_s=math.inf, network_gb_s=math.inf, latency_s=0.0)
 

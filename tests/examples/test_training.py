@@ -3,14 +3,10 @@ checkpoint reloads to the same held-out loss, --resume goes on where it stopped,
 backend sees the collator's interleaved mask."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, where training/ lives
 
 for extra in ("accelerate", "datasets", "safetensors", "tqdm", "matplotlib"):  # training/'s extra (`train`)
     pytest.importorskip(extra, reason=f"training/ needs {extra}: python3 -m pip install -e '.[train]'")

@@ -1,13 +1,12 @@
 """The two kernel paths of a Hopper GPU, for the CUDA kernel tests.
 
 On compute capability 9.0 the library runs its sm_90a kernels where they apply and the sm_80 kernels elsewhere;
-OMNI_HF_DISABLE_SM90=1 (read by the library at every call) sends everything to sm_80. A test module that imports
-``kernel_path`` runs each of its tests on both paths there, and once elsewhere.
+OMNI_HF_DISABLE_SM90=1 (read by the library at every call) sends everything to sm_80. The ``kernel_path`` fixture
+(tests/cuda/conftest.py) runs each test that uses it on both paths there, and once elsewhere.
 """
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from omni_hf.ops import library
@@ -16,16 +15,6 @@ from omni_hf.ops import library
 def is_hopper() -> bool:
     """True on a compute capability 9.0 GPU with the library."""
     return library.available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-@pytest.fixture(autouse=True, params=("sm90", "sm80") if is_hopper() else ("default",))
-def kernel_path(request, monkeypatch) -> str:
-    """"sm90" (Hopper kernels where they apply), "sm80" (switched off) or "default" (not a Hopper GPU)."""
-    if request.param == "sm80":
-        monkeypatch.setenv("OMNI_HF_DISABLE_SM90", "1")
-    else:
-        monkeypatch.delenv("OMNI_HF_DISABLE_SM90", raising=False)
-    return request.param
 
 
 def kernel_names(fn, pattern: str) -> list[str]:

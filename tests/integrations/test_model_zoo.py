@@ -61,14 +61,14 @@ from transformers import (
 import omni_hf
 from omni_hf.integrations.transformers import omni_attention_forward
 from omni_hf.integrations.transformers.packed_towers import PACKED
-from test_transformers_integration import assert_close_to_reference, models, padding
+from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
 
 CPU = torch.device("cpu")
 VOCAB = 100
 # special tokens at the top of the vocabulary; `text` draws below them
 IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO = 99, 98, 97, 96, 95, 94
 TEXT_TOKENS = 90
-KEY_BIAS = re.compile(r"\b(k_proj|key)\.bias$")
+
 
 
 # ---------------------------------------------------------------------- helpers
@@ -134,14 +134,6 @@ def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str
     assert grads.keys() == ref_grads.keys() and grads
     for name in ref_grads:
         assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
-
-
-def joined_key_bias(grads: dict, name: str) -> torch.Tensor:
-    """The gradient of ``name`` to compare. Key biases get none (a row's attention scores all shift by q.b, which
-    softmax ignores), so theirs is rounding noise (~1e-9 here): it is compared joined to its weight's gradient."""
-    if not KEY_BIAS.search(name):
-        return grads[name]
-    return torch.cat([grads[name.removesuffix("bias") + "weight"].flatten(), grads[name]])
 
 
 def logits_at(rows: torch.Tensor) -> Callable:

@@ -30,30 +30,20 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 import omni_hf
-from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from omni_hf.integrations.transformers.spec import block_mask_from_spec
+from tests.helpers.brute_force import naive_attention, relative_error, token_rule_dense
+from tests.helpers.model_checks import assert_close_to_reference, low_precision, models, padding
 
 VOCAB, SEQ = 100, 24
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:
     return torch.device(request.param)
-
-
-def low_precision(device: torch.device) -> bool:
-    return device.type == "cuda"
-
-
-def assert_close_to_reference(actual, expected, lowp_reference=None, what="output"):
-    """float32: relative error under 1e-5. bf16: at most twice the reference implementation's own bf16 error."""
-    error = relative_error(actual, expected)
-    bound = 1e-5 if lowp_reference is None else 2 * relative_error(lowp_reference, expected)
-    assert error <= bound, f"{what}: relative error {error:.2e} > {bound:.2e}"  # both 0 when exact
 
 
 # ---------------------------------------------------------------------- models
@@ -92,22 +82,6 @@ def causal_lm(config):
     return lambda attn: AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn)
 
 
-def models(build, device, reference="eager"):
-    """The omni model (bf16 on a GPU), the reference implementation in float32 and, on a GPU, in bf16; one set
-    of random weights (seed 0). ``build(attn)`` must give each model its own config (Transformers writes the
-    implementation into the config object)."""
-    dtype = torch.bfloat16 if low_precision(device) else torch.float32
-    torch.manual_seed(0)
-    ref = build(reference).to(device).eval()
-    omni = build("omni").to(device, dtype).eval()
-    lowp = build(reference).to(device, dtype).eval() if low_precision(device) else None
-    for model, attn in ((ref, reference), (omni, "omni"), (lowp, reference)):
-        if model is not None:
-            model.load_state_dict(ref.state_dict())
-            assert model.config._attn_implementation == attn
-    return omni, ref, lowp
-
-
 def logits_and_grads(model, inputs, forward=None):
     """Logits (float32) and parameter gradients of the LM loss; ``forward`` runs ``model`` (e.g. compiled)."""
     if model is None:
@@ -132,12 +106,6 @@ def assert_same_logits_and_grads(omni, ref, lowp, rows, inputs, ref_inputs=None,
 
 def tokens(batch, length, seed=1, device="cpu"):
     return torch.randint(0, IMAGE - 3, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
-
-
-def padding(lengths, seq_len, left, device="cpu"):
-    """int [B, seq_len] attention mask with ``lengths`` real tokens per row, padded on the left or right."""
-    mask = (torch.arange(seq_len)[None] < torch.tensor(lengths)[:, None]).long()
-    return (mask.flip(-1) if left else mask).to(device)
 
 
 def labels_of(input_ids, attention_mask):

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brute_force import causal_dense, packed_vlm_ids, random_token_ids, spans_dense, token_rule_dense
 from omni_hf import BlockType, OmniBlockMask, token_ids_from_spans
 from omni_hf.mask import RANGE_INEXACT, token_ranges
+from tests.helpers.brute_force import causal_dense, packed_vlm_ids, random_token_ids, spans_dense, token_rule_dense
 
 SETTINGS = settings(max_examples=40, deadline=None)
 block_sizes = st.sampled_from([64, 128])
@@ -416,7 +416,6 @@ def test_block_size_pair_sets_each_side_and_keeps_the_rule(block_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["auto", "reference"])  # the library's build where it loads; PyTorch ops
 def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build(backend, monkeypatch):
     monkeypatch.setenv("OMNI_HF_BACKEND", backend)
@@ -436,16 +435,7 @@ def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build(backend,
         assert value.is_cuda and torch.equal(value.cpu(), want), index
 
 
-def _library_builds_token_masks() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    from omni_hf.ops import library
-
-    return library.available()
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _library_builds_token_masks(), reason="needs CUDA and the CUDA library")
 @settings(max_examples=60, deadline=None)
 @given(token_ids(max_len=3000), block_sizes, block_sizes, st.data())
 def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_kv, data):
@@ -470,7 +460,6 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _library_builds_token_masks(), reason="needs CUDA and the CUDA library")
 @pytest.mark.parametrize("length", [2047, 2048, 2049, 4097, 8197, 40000])  # the library scans chunks of 2048
 @pytest.mark.parametrize("ids", ["packed", "random"])
 @pytest.mark.parametrize("window", [None, 1000])

@@ -18,7 +18,12 @@ from torch.nn.attention import flex_attention as flex
 from transformers import masking_utils as hf
 
 import omni_hf.mask.dense as dense_module
-from brute_force import (
+from omni_hf import OmniBlockMask, omni_attention
+from omni_hf.ops import reference
+from omni_hf.data import OmniCollator
+from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
+from omni_hf.integrations.transformers.attention import _layer_mask
+from tests.helpers.brute_force import (
     block_mask_dense,
     causal_dense,
     flex_dense,
@@ -31,11 +36,6 @@ from brute_force import (
     tightest_block_types,
     token_rule_dense,
 )
-from omni_hf import OmniBlockMask, omni_attention
-from omni_hf.ops import reference
-from omni_hf.data import OmniCollator
-from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
-from omni_hf.integrations.transformers.attention import _layer_mask
 
 BLOCKS = ((64, 64), (128, 128), (64, 128), (128, 64))
 CHUNK_ROWS = (None, 1, 2, 3)  # block rows per builder chunk; None: the default

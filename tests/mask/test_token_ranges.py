@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brute_force import packed_vlm_ids, random_token_ids, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.mask import RANGE_INEXACT, token_ranges
+from tests.helpers.brute_force import packed_vlm_ids, random_token_ids, token_rule_dense
 
 SETTINGS = settings(max_examples=80, deadline=None)
 WINDOWS = st.one_of(st.none(), st.integers(1, 300))

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask, omni_attention
+from tests.helpers.brute_force import naive_attention, relative_error, token_rule_dense
 
 
 def interleaved(batch=2, seq_len=200, seed=0):
@@ -129,7 +129,7 @@ def test_bad_input_names_the_argument(args, kwargs, error, message):
         omni_attention(*args, **kwargs)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize("args, kwargs, error, message",
                          bad_inputs("cuda", torch.bfloat16) if torch.cuda.is_available() else [])
 def test_bad_input_on_the_gpu_names_the_argument(args, kwargs, error, message, monkeypatch):

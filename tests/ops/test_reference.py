@@ -7,10 +7,10 @@ import textwrap
 import pytest
 import torch
 
-from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.ops import reference
 from omni_hf.ops.reference import attention_backward, attention_forward
+from tests.helpers.brute_force import naive_attention, relative_error, token_rule_dense
 
 
 def random_case(batch, heads_q, heads_kv, q_len, kv_len, dim, seed):

@@ -18,7 +18,7 @@ import pytest
 
 from omni_hf import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
