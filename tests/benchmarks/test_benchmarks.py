@@ -6,6 +6,7 @@ import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
