@@ -35,14 +35,16 @@ run() {  # run STEP COMMAND...: log to $OUT/STEP.log, stop on failure
 
 for step in "${steps[@]}"; do
   case $step in
-    tests) run tests python3 -m pytest -q --maxfail=5 -p no:cacheprovider ${OMNI_HF_TESTS:-tests/test_cuda_forward.py \
-             tests/test_cuda_backward.py tests/test_cuda_decode.py tests/test_cuda_graphs.py tests/test_cuda_differential.py tests/test_mask.py \
-             tests/test_ops.py tests/test_transformers_integration.py tests/test_head_dims.py} ;;
+    tests) run tests python3 -m pytest -q --maxfail=5 -p no:cacheprovider ${OMNI_HF_TESTS:-\
+             tests/cuda/test_cuda_forward.py tests/cuda/test_cuda_backward.py tests/cuda/test_cuda_decode.py \
+             tests/cuda/test_cuda_graphs.py tests/cuda/test_cuda_differential.py tests/mask/test_mask.py \
+             tests/ops/test_ops.py tests/integrations/test_transformers_integration.py tests/cuda/test_head_dims.py} ;;
     sanitize) run sanitize bash -c 'for tool in memcheck racecheck; do
-                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/sanitize_forward.py || exit 1
-                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 tests/test_cuda_backward.py || exit 1
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m tests.cuda.sanitize_forward || exit 1
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m tests.cuda.test_cuda_backward \
+                   || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m pytest -q -p no:cacheprovider \
-                   tests/test_head_dims.py -k "matches and bf16 and 256 and (blocks128 or vlm)" || exit 1
+                   tests/cuda/test_head_dims.py -k "matches and bf16 and 256 and (blocks128 or vlm)" || exit 1
                done' ;;
     launch) run launch python3 -m benchmarks.bench_launch --out "$OUT" ;;
     decode) run decode python3 -m benchmarks.bench_decode --out "$OUT" ;;

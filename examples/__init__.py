@@ -1,0 +1,1 @@
+"""Runnable examples: the Transformers backend, context parallelism, SFT of stock VLMs."""

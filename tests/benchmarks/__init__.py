@@ -1,0 +1,1 @@
+"""The benchmark suite's code (layouts, measurement, reports, A/B runs)."""

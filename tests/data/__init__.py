@@ -1,0 +1,1 @@
+"""OmniCollator: packing, vision inputs from processors."""

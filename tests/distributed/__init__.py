@@ -1,0 +1,1 @@
+"""Context parallelism and its cost model."""

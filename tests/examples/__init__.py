@@ -1,0 +1,1 @@
+"""The examples/ and training/ recipes."""

@@ -1,0 +1,1 @@
+"""The Transformers integration: the attention function, mask specs, the model zoo."""

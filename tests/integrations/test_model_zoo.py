@@ -1,0 +1,504 @@
+"""The model zoo: attn_implementation="omni" across Transformers model families.
+
+Tiny random models (one set of seeded weights per pair), float32 on the CPU, where omni runs its exact reference
+path: the outputs on real-token positions and the gradient of every parameter must be within 1e-5 relative error
+of eager or sdpa, greedy generation must be token-equal, and the documented refusals must raise a clear error.
+Each case also counts the attention calls that reach omni, so a model (or a tower of it) that bypassed the
+interface could not pass by running eager on both sides.
+"""
+
+import collections
+import contextlib
+import copy
+import re
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import (
+    AttentionInterface,
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertModel,
+    CLIPConfig,
+    CLIPModel,
+    CLIPVisionConfig,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3Config,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    GemmaConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    LlamaConfig,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
+    LlamaForCausalLM,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    MistralConfig,
+    MistralForCausalLM,
+    ModernBertConfig,
+    ModernBertModel,
+    PaliGemmaConfig,
+    PaliGemmaForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    SiglipConfig,
+    SiglipModel,
+    SiglipVisionConfig,
+    T5Config,
+    T5ForConditionalGeneration,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
+)
+
+import omni_hf
+from omni_hf.integrations.transformers import omni_attention_forward
+from omni_hf.integrations.transformers.packed_towers import PACKED
+from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
+
+CPU = torch.device("cpu")
+VOCAB = 100
+# special tokens at the top of the vocabulary; `text` draws below them
+IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO = 99, 98, 97, 96, 95, 94
+TEXT_TOKENS = 90
+
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def text(batch: int, length: int, seed: int) -> torch.Tensor:
+    """int64 [batch, length] random text tokens (no special token)."""
+    return torch.randint(3, TEXT_TOKENS, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def from_config(model_class, config) -> Callable[[str], torch.nn.Module]:
+    """``build(attn)`` for `models`: each model gets its own copy of ``config``."""
+    return lambda attn: model_class._from_config(copy.deepcopy(config), attn_implementation=attn)
+
+
+@contextlib.contextmanager
+def omni_calls():
+    """Counts the attention calls that reach omni, by attention module class."""
+    calls = collections.Counter()
+
+    def counting(module, *args, **kwargs):
+        calls[type(module).__name__] += 1
+        return omni_attention_forward(module, *args, **kwargs)
+
+    for name in ("omni", PACKED):  # PACKED: a packed vision tower's calls (packed_towers)
+        AttentionInterface.register(name, counting)
+    try:
+        yield calls
+    finally:
+        omni_hf.register()
+
+
+def outputs_and_grads(model, inputs: dict, select: Callable) -> tuple[list[torch.Tensor], dict]:
+    """The tensors ``select(model(**inputs))`` picks, and every parameter's gradient of a fixed random linear
+    loss on them (the same probe for omni and the reference)."""
+    model.zero_grad()
+    outputs = select(model(**inputs))
+    probe = torch.Generator().manual_seed(7)
+    loss = sum((out * torch.randn(out.shape, generator=probe)).sum() for out in outputs)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return [out.detach() for out in outputs], grads
+
+
+def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager"):
+    """omni against ``reference`` on one set of weights: the outputs ``select`` picks (real-token positions
+    only: Transformers leaves rows of padding tokens arbitrary) and every parameter gradient, to 1e-5 relative
+    error. ``reaches``: the attention calls per module class that must reach omni in the forward."""
+    omni, ref, _ = models(build, CPU, reference)
+    for model, attn in ((omni, "omni"), (ref, reference)):  # every tower, not only the top-level config
+        implementations = {m.config._attn_implementation for m in model.modules() if hasattr(m, "config")}
+        assert implementations == {attn}, implementations
+    with omni_calls() as calls:
+        got, grads = outputs_and_grads(omni, inputs, select)
+    assert dict(calls) == reaches
+    expected, ref_grads = outputs_and_grads(ref, inputs, select)
+    for i, (out, ref_out) in enumerate(zip(got, expected, strict=True)):
+        assert_close_to_reference(out, ref_out, what=f"output {i}")
+    assert grads.keys() == ref_grads.keys() and grads
+    for name in ref_grads:
+        assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
+
+
+def logits_at(rows: torch.Tensor) -> Callable:
+    return lambda out: [out.logits[rows]]
+
+
+GREEDY = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="dynamic", pad_token_id=0)
+
+
+def assert_greedy_generation_token_equal(build, inputs: dict, reference: str):
+    """Greedy generation (dynamic cache) of omni equals the reference's, token for token. No row may repeat one
+    token throughout: that would only test the prompt's last step."""
+    omni, ref, _ = models(build, CPU, reference)
+    generated = omni.generate(**inputs, **GREEDY)
+    new_tokens = generated[:, inputs["input_ids"].shape[1]:].tolist()
+    assert len(new_tokens[0]) == GREEDY["max_new_tokens"] and all(len(set(row)) > 1 for row in new_tokens)
+    assert torch.equal(generated, ref.generate(**inputs, **GREEDY))
+
+
+# ---------------------------------------------------------------------- decoder LMs
+
+
+def llama_config():
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+
+
+def mistral_config():
+    return MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                         sliding_window=4)
+
+
+def llama4_config():
+    """Layer 0 attends in chunks of 4 tokens (the layers that use RoPE do), layer 1 fully."""
+    return Llama4TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, intermediate_size_mlp=96,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            attention_chunk_size=4, no_rope_layers=[1, 0], num_local_experts=2,
+                            num_experts_per_tok=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=2)
+
+
+def gemma2_config(softcap: float | None = 1.0):
+    """Weights ten times the default scale, so that attention scores reach the softcap's curved part."""
+    return Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                        max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=softcap,
+                        final_logit_softcapping=30.0, initializer_range=0.2, tie_word_embeddings=False)
+
+
+def gemma3_text_config(head_dim: int = 16):
+    return Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                            max_position_embeddings=64, sliding_window=4,
+                            layer_types=["sliding_attention", "full_attention"])
+
+
+# name: model class, config, attention module class, reference (sdpa; eager for Gemma2, which refuses
+# attn_implementation="sdpa" in Transformers 5 and softcaps only in eager)
+DECODER_LMS = {
+    "llama-gqa": (LlamaForCausalLM, llama_config, "LlamaAttention", "sdpa"),
+    "mistral-sliding": (MistralForCausalLM, mistral_config, "MistralAttention", "sdpa"),
+    "llama4-chunked": (Llama4ForCausalLM, llama4_config, "Llama4TextAttention", "sdpa"),
+    "gemma2-softcap-sliding": (Gemma2ForCausalLM, gemma2_config, "Gemma2Attention", "eager"),
+    "gemma3-text-sliding-and-full": (Gemma3ForCausalLM, gemma3_text_config, "Gemma3Attention", "sdpa"),
+}
+
+
+@pytest.mark.parametrize("reference", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", [name for name, (*_, ref) in DECODER_LMS.items() if ref == "sdpa"])  # Gemma2: below
+def test_decoder_lm_with_left_and_right_padding_matches(name, reference):
+    """GQA, windows and chunks of 4 (of 16 tokens), sliding + full layers; rows padded left, not at all, right."""
+    model_class, config, attention, _ = DECODER_LMS[name]
+    input_ids = text(3, 16, seed=1)
+    attention_mask = torch.cat([padding([11, 16], 16, left=True), padding([9], 16, left=False)])
+    assert_omni_matches(from_config(model_class, config()), dict(input_ids=input_ids, attention_mask=attention_mask),
+                        logits_at(attention_mask.bool()), {attention: 2}, reference)
+
+
+def test_gemma2_attention_softcap_and_sliding_window_match_eager():
+    """Gemma2 softcaps attention scores (cap 1.0), which only eager does; the cap is checked to matter."""
+    input_ids = text(2, 16, seed=2)
+    attention_mask = padding([12, 16], 16, left=True)
+    inputs, rows = dict(input_ids=input_ids, attention_mask=attention_mask), attention_mask.bool()
+    assert_omni_matches(from_config(Gemma2ForCausalLM, gemma2_config()), inputs, logits_at(rows),
+                        {"Gemma2Attention": 2})
+    with torch.no_grad():
+        capped, uncapped = (models(from_config(Gemma2ForCausalLM, gemma2_config(cap)), CPU)[0](**inputs).logits[rows]
+                            for cap in (1.0, None))
+    assert (capped - uncapped).norm() > 1e-2 * capped.norm()
+
+
+@pytest.mark.parametrize("name", list(DECODER_LMS))
+def test_decoder_lm_greedy_generate_on_left_padded_prompts_is_token_equal(name):
+    """Batch 2, prompts of 8 and 5 tokens, 10 new tokens: the cache outgrows windows and chunks of 4."""
+    model_class, config, _, reference = DECODER_LMS[name]
+    inputs = dict(input_ids=text(2, 8, seed=3), attention_mask=padding([8, 5], 8, left=True))
+    assert_greedy_generation_token_equal(from_config(model_class, config()), inputs, reference)
+
+
+# ---------------------------------------------------------------------- vision-language models
+
+
+def gemma3_vlm_config(head_dim: int = 16):
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=24, patch_size=4)
+    return Gemma3Config(text_config=gemma3_text_config(head_dim), vision_config=vision, mm_tokens_per_image=9,
+                        image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI, tie_word_embeddings=False)
+
+
+def gemma3_image_batch() -> dict:
+    """Images of 9 tokens (longer than the window of 4), two in row 0 and one in left-padded row 1."""
+    input_ids = text(2, 30, seed=4)
+    image = torch.tensor([BOI] + [IMAGE] * 9 + [EOI])
+    input_ids[0, 2:13], input_ids[0, 16:27], input_ids[1, 8:19] = image, image, image
+    return dict(input_ids=input_ids, attention_mask=padding([30, 26], 30, left=True),
+                pixel_values=randn(3, 3, 24, 24, seed=5), token_type_ids=(input_ids == IMAGE).long())
+
+
+@pytest.mark.parametrize("head_dim", [16, 256])  # 256: Gemma 3's own
+def test_gemma3_images_are_bidirectional_blocks_in_sliding_and_full_layers_like_eager(head_dim):
+    """token_type_ids make each image one block; in sliding layers it is whole although longer than the window."""
+    inputs = gemma3_image_batch()
+    assert_omni_matches(from_config(Gemma3ForConditionalGeneration, gemma3_vlm_config(head_dim)), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "Gemma3Attention": 2})
+
+
+def paligemma_config(language_config=GemmaConfig, head_dim=16, **sliding):
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=4, vision_use_head=False)
+    language = language_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=1, head_dim=head_dim,
+                               max_position_embeddings=64, **sliding)
+    return PaliGemmaConfig(vision_config=vision, text_config=language, image_token_index=IMAGE, vocab_size=VOCAB,
+                           projection_dim=64, hidden_size=64, tie_word_embeddings=False)
+
+
+def paligemma_batch(pad: str | None) -> dict:
+    """Batch 2 of 30 tokens: an image (16 tokens) and a prompt make the prefix (token_type_ids 0: 19 and 23
+    tokens), then the suffix (1); row 0 has 4 padding tokens on side ``pad`` (None: no padding)."""
+    seq, image, prefix = 30, 16, [19, 23]
+    real = [26, 30] if pad else [30, 30]
+    input_ids = text(2, seq, seed=6)
+    token_type_ids = torch.zeros_like(input_ids)
+    for row in range(2):
+        start = seq - real[row] if pad == "left" else 0
+        input_ids[row, start:start + image] = IMAGE
+        token_type_ids[row, start + prefix[row]:start + real[row]] = 1
+    return dict(input_ids=input_ids, attention_mask=padding(real, seq, left=pad == "left"),
+                token_type_ids=token_type_ids, pixel_values=randn(2, 3, 16, 16, seed=7))
+
+
+@pytest.mark.parametrize("pad", ["left", "right", None], ids=["left-padding", "right-padding", "no-padding"])
+def test_paligemma_prefix_lm_batch_of_two_matches_eager(pad):
+    """The prefix attends bidirectionally, the suffix causally; the rows' prefixes differ in length."""
+    inputs = paligemma_batch(pad)
+    assert_omni_matches(from_config(PaliGemmaForConditionalGeneration, paligemma_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "GemmaAttention": 2})
+
+
+@pytest.mark.parametrize("head_dim", [16, 256])  # 256: PaliGemma 2's own
+def test_paligemma2_prefix_lm_with_sliding_window_layers_matches_eager(head_dim):
+    """PaliGemma 2 (Gemma2 text): the prefix block in both the sliding (window 4) and the full layers."""
+    config = paligemma_config(Gemma2Config, head_dim=head_dim, sliding_window=4, query_pre_attn_scalar=head_dim)
+    inputs = paligemma_batch("left")
+    assert_omni_matches(from_config(PaliGemmaForConditionalGeneration, config), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "Gemma2Attention": 2})
+
+
+@pytest.mark.parametrize("model_class, config, batch", [
+    (PaliGemmaForConditionalGeneration, paligemma_config, lambda: paligemma_batch("left")),
+    (Gemma3ForConditionalGeneration, gemma3_vlm_config, gemma3_image_batch),
+], ids=["paligemma-prefix", "gemma3-images"])
+def test_vlm_greedy_generate_on_left_padded_prompts_is_token_equal_to_sdpa(model_class, config, batch):
+    """Image blocks in the prompt, decoding with a dynamic cache after it."""
+    assert_greedy_generation_token_equal(from_config(model_class, config()), batch(), "sdpa")
+
+
+# The language model of the Qwen2-VL family's tests (3-D rope sections of a 16-wide head).
+QWEN_LANGUAGE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+
+
+def qwen2_vl_config():
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen2VLConfig(vision_config=vision, text_config=QWEN_LANGUAGE, image_token_id=IMAGE, video_token_id=VIDEO,
+                         vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def qwen_image_batch(seed: int) -> dict:
+    """Three images of 4x4, 2x6 and 6x4 patches (4, 3 and 6 tokens after merging), two in row 0, one in
+    left-padded row 1; pixel values drawn with ``seed + 1``."""
+    grids = torch.tensor([[1, 4, 4], [1, 2, 6], [1, 6, 4]])
+    input_ids = text(2, 24, seed=seed)
+    for row, start, tokens in ((0, 2, 4), (0, 12, 3), (1, 9, 6)):
+        input_ids[row, start:start + tokens + 2] = torch.tensor([VISION_START] + [IMAGE] * tokens + [VISION_END])
+    pixel_values = randn(int(grids.prod(-1).sum()), 3 * 2 * 4 * 4, seed=seed + 1)  # channels x time x patch x patch
+    return dict(input_ids=input_ids, attention_mask=padding([24, 19], 24, left=True), pixel_values=pixel_values,
+                image_grid_thw=grids, mm_token_type_ids=(input_ids == IMAGE).int())
+
+
+def test_qwen2_vl_images_of_different_sizes_in_one_batch_match_eager():
+    """Three images of 4x4, 2x6 and 6x4 patches (4, 3 and 6 tokens after merging), two in row 0, one in
+    left-padded row 1. The vision tower packs them by cu_seqlens, and under omni each of its two layers attends
+    them in one call, each image alone (Transformers would split them into a call per image)."""
+    inputs = qwen_image_batch(seed=8)
+    assert_omni_matches(from_config(Qwen2VLForConditionalGeneration, qwen2_vl_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"VisionAttention": 2, "Qwen2VLAttention": 2})
+
+
+def qwen2_5_vl_config():
+    """Qwen2.5-VL at its vision tower's head dim (80: two heads of a 160-wide tower); windows of 2 x 2 merged
+    patches in layer 0, full attention over each image in layer 1."""
+    vision = dict(depth=2, hidden_size=160, num_heads=2, intermediate_size=96, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
+    return Qwen2_5_VLConfig(vision_config=vision, text_config=QWEN_LANGUAGE, image_token_id=IMAGE, video_token_id=VIDEO,
+                            vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def test_qwen2_5_vl_vision_windows_and_full_layers_run_through_omni_like_sdpa():
+    """The same three images as above through Qwen2.5-VL, vision tower included: its windowed layer attends each
+    window alone (4 x 4 patches: one window; 2 x 6: two; 6 x 4: two), its full layer each image alone, all
+    bidirectional, each layer in one packed call, at head dim 80 (on the 96 kernels on a GPU)."""
+    inputs = qwen_image_batch(seed=18)
+    assert_omni_matches(from_config(Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()),
+                        {"Qwen2_5_VLVisionAttention": 2, "Qwen2_5_VLAttention": 2}, reference="sdpa")
+
+
+def llava_config():
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=16, patch_size=4, projection_dim=32)
+    return LlavaConfig(vision_config=vision, text_config=llama_config(), image_token_index=IMAGE,
+                       image_seq_length=16)
+
+
+def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
+    """One image (16 patch tokens, the CLS token dropped) per row."""
+    input_ids = text(2, 28, seed=10)
+    input_ids[0, 4:20], input_ids[1, 10:26] = IMAGE, IMAGE
+    attention_mask = padding([28, 20], 28, left=True)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=randn(2, 3, 16, 16, seed=11))
+    assert_omni_matches(from_config(LlavaForConditionalGeneration, llava_config()), inputs,
+                        logits_at(attention_mask.bool()), {"CLIPAttention": 2, "LlamaAttention": 2})
+
+
+# ---------------------------------------------------------------------- encoders
+
+
+def tower(**extra) -> dict:
+    return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, **extra)
+
+
+def text_tower() -> dict:
+    return tower(vocab_size=VOCAB, max_position_embeddings=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+@pytest.mark.parametrize("model_class, config, attention", [
+    (CLIPModel, lambda: CLIPConfig(text_config=text_tower(), vision_config=tower(image_size=16, patch_size=4),
+                                   projection_dim=16), "CLIPAttention"),
+    (SiglipModel, lambda: SiglipConfig(text_config=text_tower(), vision_config=tower(image_size=16, patch_size=4)),
+     "SiglipAttention"),
+], ids=["clip", "siglip"])
+def test_clip_and_siglip_text_and_vision_towers_match_eager(model_class, config, attention):
+    """The vision towers attend bidirectionally with no mask; the text towers (CLIP causal, SigLIP
+    bidirectional) get rows padded right, not at all, and left."""
+    input_ids = text(3, 16, seed=12)
+    attention_mask = torch.cat([padding([11, 16], 16, left=False), padding([9], 16, left=True)])
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=randn(2, 3, 16, 16, seed=13))
+    rows = attention_mask.bool()
+    assert_omni_matches(from_config(model_class, config()), inputs, lambda out: [
+        out.text_model_output.last_hidden_state[rows], out.vision_model_output.last_hidden_state], {attention: 4})
+
+
+def test_bert_bidirectional_encoder_with_padding_matches_eager():
+    """Rows padded right, not at all, and left, with two token-type segments."""
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32)
+    input_ids = text(3, 16, seed=14)
+    attention_mask = torch.cat([padding([10, 16], 16, left=False), padding([7], 16, left=True)])
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  token_type_ids=(torch.arange(16) >= 6).long().expand(3, -1))
+    rows = attention_mask.bool()
+    assert_omni_matches(from_config(BertModel, config), inputs, lambda out: [out.last_hidden_state[rows]],
+                        {"BertSelfAttention": 2})
+
+
+def test_modernbert_local_and_global_bidirectional_layers_with_padding_match_eager():
+    """Layer 0 attends globally, layers 1 and 2 within 2 tokens either side (local_attention 4)."""
+    config = ModernBertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=2, local_attention=4, global_attn_every_n_layers=3,
+                              max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              cls_token_id=1, sep_token_id=2)
+    attention_mask = torch.cat([padding([10, 16], 16, left=False), padding([7], 16, left=True)])
+    rows = attention_mask.bool()
+    assert_omni_matches(from_config(ModernBertModel, config), dict(input_ids=text(3, 16, seed=18),
+                        attention_mask=attention_mask), lambda out: [out.last_hidden_state[rows]],
+                        {"ModernBertAttention": 3})
+
+
+@pytest.mark.parametrize("decoder_len", [10, 12], ids=["shorter-decoder", "equal-lengths"])
+def test_bart_cross_attention_over_a_padded_encoder_batch_matches_eager(decoder_len):
+    """Encoder and decoder rows padded right and left: the cross-attention mask hides the encoder's padding. With
+    equal lengths a decoder row at an encoder padding position must still see the encoder (it was zeroed once:
+    the token rule read the query's padding from the keys)."""
+    config = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+    encoder_mask = torch.cat([padding([9], 12, left=False), padding([7], 12, left=True)])
+    decoder_mask = torch.cat([padding([7], decoder_len, left=False), padding([decoder_len - 2], decoder_len, left=True)])
+    inputs = dict(input_ids=text(2, 12, seed=19), attention_mask=encoder_mask,
+                  decoder_input_ids=text(2, decoder_len, seed=20), decoder_attention_mask=decoder_mask)
+    assert_omni_matches(from_config(BartForConditionalGeneration, config), inputs, lambda out: [
+        out.logits[decoder_mask.bool()], out.encoder_last_hidden_state[encoder_mask.bool()]], {"BartAttention": 2 * 3})
+
+
+def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
+    """Per layer: encoder self-attention (no mask), decoder causal self-attention (rows padded right and left)
+    and cross-attention over the encoder's 12 frames."""
+    config = WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                           decoder_ffn_dim=64, max_source_positions=12, max_target_positions=32, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2, decoder_start_token_id=3, begin_suppress_tokens=None)
+    decoder_mask = torch.cat([padding([7], 10, left=False), padding([8], 10, left=True)])
+    inputs = dict(input_features=randn(2, 8, 2 * 12, seed=15), decoder_input_ids=text(2, 10, seed=16),
+                  decoder_attention_mask=decoder_mask)
+    rows = decoder_mask.bool()
+    assert_omni_matches(from_config(WhisperForConditionalGeneration, config), inputs,
+                        lambda out: [out.logits[rows], out.encoder_last_hidden_state], {"WhisperAttention": 2 * 3})
+
+
+# ---------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("model_class, config, feature", [
+    # Older Transformers' T5 (5.12 and before) runs attention of its own, never the attention function.
+    (T5ForConditionalGeneration, lambda: T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=1,
+                                                  num_heads=2, decoder_start_token_id=0),
+     r"(an additive position bias \(`position_bias`, as in T5\)|attention layers of its own \(they never call "
+     r"Transformers' attention function\))"),
+    (GptOssForCausalLM, lambda: GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                             head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+     r"attention sinks \(`s_aux`, as in gpt-oss\)"),
+], ids=["t5-position-bias", "gpt-oss-attention-sinks"])
+def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
+    """T5's relative position bias and GPT-OSS's attention sinks are refused when the model is built with omni (or
+    switched to it), not at the first forward, and never silently dropped."""
+    refusal = rf'attn_implementation="omni": {model_class.__name__} uses {feature}, which omni attention does not support'
+    with pytest.raises(ValueError, match=refusal):
+        model_class._from_config(config(), attn_implementation="omni")
+    model = model_class._from_config(config(), attn_implementation="eager")
+    try:
+        model.set_attn_implementation("omni")
+    except ValueError as error:
+        assert re.search(refusal, str(error)), error
+    else:  # a model whose layers never call the attention function: Transformers only warns, and keeps eager
+        assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("name, feature", [("s_aux", "attention sinks"), ("position_bias", "an additive position bias")])
+def test_the_attention_function_refuses_what_it_cannot_honour(name, feature):
+    """The same features reaching the attention function anyway (a model built around the check) raise there."""
+    q = torch.randn(1, 2, 6, 16)
+    with pytest.raises(ValueError, match=rf"does not support {feature} \(`{name}`.*; use `eager`"):
+        omni_attention_forward(torch.nn.Module(), q, q, q, None, **{name: torch.zeros(2)})

@@ -1,0 +1,1 @@
+"""OmniBlockMask: builders, token ranges, the block lists against dense definitions."""

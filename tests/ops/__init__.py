@@ -1,0 +1,1 @@
+"""omni_attention: checks, dispatch, autograd and the exact reference."""

@@ -1,0 +1,1 @@
+"""The installed package, its wheel build and the documentation's code blocks."""

@@ -1,0 +1,96 @@
+"""Install paths build the CUDA library once, where the first call looks (CPU-only; skipped without nvcc or the
+CUTLASS / torch headers). Each test installs a copy of the project into a fresh virtual environment that sees this
+one's packages, with the build forced (OMNI_HF_BUILD_CUDA=1 works without a GPU) and cut down to one small source
+(OMNI_HF_BUILD_SOURCES) to stay fast, then asks the installed omni_hf which library its first call would load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from omni_hf import build
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A copy of the tracked project files (an editable install writes into its source tree)."""
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    try:
+        build.find_cutlass_include()
+        build.find_torch_include()
+    except build.BuildError as err:
+        pytest.skip(str(err))
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    copy = tmp_path / "project"
+    for name in files:
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    return copy
+
+
+def environment(tmp_path: Path) -> tuple[Path, dict]:
+    """A fresh venv that sees the packages of the environment running the tests (torch, setuptools, the CUTLASS
+    headers: whatever versions this environment has, not the base interpreter's) after its own, and the environment
+    of a forced, cut-down build."""
+    home = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(home)
+    python = home / "bin" / "python"
+    own_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+    (Path(own_packages) / "running_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {**os.environ, "OMNI_HF_BUILD_CUDA": "1", "OMNI_HF_BUILD_SOURCES": "host/status.cu",
+           "OMNI_HF_BUILD_ARCHS": "80", "OMNI_HF_CACHE": str(tmp_path / "cache"), "PYTHONNOUSERSITE": "1"}
+    env.pop("OMNI_HF_CUDA_LIB", None)
+    return python, env
+
+
+def pip(python: Path, env: dict, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *args, "--no-deps", "--no-build-isolation",
+                    "--quiet"], env=env, check=True)
+
+
+def first_call_library(python: Path, env: dict, cwd: Path) -> Path:
+    """The library the installed omni_hf would load first (resolving it builds nothing when one was installed)."""
+    out = subprocess.run([str(python), "-c", "from omni_hf.ops import library; print(library.library_path())"], env=env,
+                         cwd=cwd, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def test_editable_install_builds_into_the_tree_and_the_first_call_loads_that(project, tmp_path):
+    python, env = environment(tmp_path)
+    pip(python, env, "install", "-e", str(project))
+    library = first_call_library(python, env, tmp_path)
+    assert library == project / "omni_hf" / "lib" / build.LIB_NAME and library.is_file()
+    assert not (tmp_path / "cache").exists(), "the first call would build a second library"
+
+
+def test_regular_install_puts_the_library_in_the_package(project, tmp_path):
+    python, env = environment(tmp_path)
+    pip(python, env, "install", str(project))
+    library = first_call_library(python, env, tmp_path)
+    assert "site-packages" in library.parts and library.is_file()
+    assert not (tmp_path / "cache").exists(), "the first call would build a second library"
+
+
+def test_wheel_is_a_platform_wheel_holding_the_library_and_no_objects(project, tmp_path):
+    python, env = environment(tmp_path)
+    pip(python, env, "wheel", str(project), "--wheel-dir", str(tmp_path / "dist"))
+    [wheel] = (tmp_path / "dist").glob("omni_hf-*.whl")
+    assert wheel.name.endswith("-py3-none-linux_x86_64.whl"), wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert f"omni_hf/lib/{build.LIB_NAME}" in names
+    assert not [n for n in names if n.endswith(".o")], "object files leaked into the wheel"
