@@ -5,7 +5,7 @@ the row and drops that column: nothing of the implementation's max-merge is shar
 gradient (dq, dk, dv, dsinks) are compared on fresh random inputs, with every mask kind, GQA, B = 2, softcap,
 windows, rows with no allowed key (out 0, lse = the sink) and lengths that cross the 64 / 128 tiles. On a GPU the
 kernels run in bf16 and must stay within a few roundings of the same-dtype reference (`ROUNDINGS_BOUND`); on a
-Hopper GPU every GPU case runs on both kernel families (``kernel_path``).
+Hopper GPU every GPU case runs on both kernel families (``kernel_path``); GPU cases skip without the library.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brute_force import packed_vlm_ids, relative_error
-from gpu_paths import kernel_path  # noqa: F401  (autouse fixture)
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import library
+from tests.helpers.brute_force import packed_vlm_ids, relative_error
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in the backward's tests
 
@@ -114,9 +113,6 @@ def test_sinks_are_checked_by_name():
         omni_attention(q, k, v, mask, sinks=[0.0] * 4)
 
 
-needs_library = pytest.mark.skipif(not library.available(), reason="needs a CUDA device and the omni_hf CUDA library")
-
-
 def _kernel_errors_within_bound(inputs_cuda, mask, softcap, name):
     """The kernel's errors against float64 stay within ROUNDINGS_BOUND of the bf16 reference's own; dsinks, a sum
     over every row of a head in which the terms cancel, within what the kernel's own out and lse errors allow
@@ -152,15 +148,15 @@ def _dsinks_error_bound(dout, sinks, out, lse, gold_out, gold_lse) -> torch.Tens
     return (terms + 2.0 ** -20 * w * (dout * out).abs().sum(-1)).sum((0, 2))
 
 
-@needs_library
 @pytest.mark.gpu
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("dim", [64, 128, 256])
 @pytest.mark.parametrize("softcap", [None, 30.0])
 def test_sinks_on_the_kernels_match_the_definition(dim, softcap):
     gen = torch.Generator().manual_seed(dim)
     q_len, kv_len = 700, 1000  # crosses 64- and 128-row tiles; the query rows are the last 700 positions
     inputs = _inputs(2, 8, 2, q_len, kv_len, dim, torch.bfloat16, "cuda", gen)
-    library.set_poison_outputs(True)
+    library.set_poison_outputs(True)  # every output element must be written: NaN where the kernel leaves one
     try:
         for name, mask in _masks(2, 8, q_len, kv_len, "cuda", gen):
             _kernel_errors_within_bound(inputs, mask, softcap, name)
@@ -168,8 +164,8 @@ def test_sinks_on_the_kernels_match_the_definition(dim, softcap):
         library.set_poison_outputs(False)
 
 
-@needs_library
 @pytest.mark.gpu
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("q_len", [1, 2, 4])  # 4 query heads a KV head: up to 16 rows, the decode path
 def test_sinks_on_the_decode_kernels_match_the_definition(q_len):
     gen = torch.Generator().manual_seed(q_len)
