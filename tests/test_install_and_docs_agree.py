@@ -31,7 +31,8 @@ def test_ci_installs_what_the_readme_says():
     commands = ci_installs()
     assert commands, ".ci/run installs nothing"
     for command in commands:
-        assert f"`{command}`" in README or f"{command}   " in README, f".ci/run runs {command!r}; README does not say it"
+        said = f"`{command}`" in README or f"{command}   " in README  # inline, or a block's command and comment
+        assert said, f".ci/run runs {command!r}; README does not say it"
     first = re.search(r"```bash\n(python3 -m pip install [^#\n]*?)\s*#", README)[1]
     assert first == commands[0], f"README's first command {first!r} is not what CI installs first {commands[0]!r}"
 
