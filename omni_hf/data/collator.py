@@ -391,7 +391,7 @@ def _prompt_length(sample: Mapping[str, Any], length: int, index: int, required:
     if value is None and required:
         raise ValueError(f"samples[{index}]['prompt_length']: expected an int in [0, {length}] with "
                          "train_on_prompt=False (the prompt tokens whose labels are ignored; 0 trains on the whole "
-                         "sample), got no such key")
+                         f"sample), got {'None' if 'prompt_length' in sample else 'no such key'}")
     if value is None:
         return 0
     number = value.item() if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 else value
