@@ -77,6 +77,12 @@ def byte_tokenizer(special_tokens: list[str] | dict[str, str]) -> transformers.P
                                                 eos_token="<eos>", extra_special_tokens=special_tokens)
 
 
+def special_token_ids(tokenizer: transformers.PreTrainedTokenizerBase) -> dict[str, int]:
+    """``pad_token_id``, ``bos_token_id`` and ``eos_token_id`` of ``tokenizer``, for a tiny model's text config (so
+    that the trainer finds the config agreeing with the tokenizer and has nothing to realign)."""
+    return {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+
+
 def chat_template(image: str) -> str:
     """``role: content`` lines, each image entry written as ``image`` (the processor's placeholder)."""
     return ("{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% else %}"
@@ -93,8 +99,8 @@ def tiny_gemma3() -> tuple[transformers.PretrainedConfig, transformers.Processor
         image_processor=transformers.Gemma3ImageProcessorPil(size={"height": 16, "width": 16}), tokenizer=tokenizer,
         image_seq_length=4, chat_template=chat_template("<start_of_image>"))
     text = transformers.Gemma3TextConfig(vocab_size=len(tokenizer), sliding_window=16,
-                                         pad_token_id=tokenizer.pad_token_id,
-                                         layer_types=["sliding_attention", "full_attention"], **TINY_LM)
+                                         layer_types=["sliding_attention", "full_attention"],
+                                         **special_token_ids(tokenizer), **TINY_LM)
     config = transformers.Gemma3Config(text_config=text, vision_config=transformers.SiglipVisionConfig(**TINY_VISION),
                                        mm_tokens_per_image=4, image_token_index=tokenizer.image_token_id,
                                        boi_token_index=tokenizer.boi_token_id, eoi_token_index=tokenizer.eoi_token_id)
@@ -109,7 +115,7 @@ def tiny_idefics3() -> tuple[transformers.PretrainedConfig, transformers.Process
         image_processor=transformers.Idefics3ImageProcessorPil(size={"longest_edge": 32},
                                                                max_image_size={"longest_edge": 16}),
         tokenizer=tokenizer, image_seq_len=4, chat_template=chat_template("<image>"))
-    text = transformers.LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **TINY_LM)
+    text = transformers.LlamaConfig(vocab_size=len(tokenizer), **special_token_ids(tokenizer), **TINY_LM)
     config = transformers.Idefics3Config(vision_config=TINY_VISION, text_config=text, scale_factor=2,
                                          image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
     return config, processor
@@ -123,7 +129,7 @@ def tiny_llava() -> tuple[transformers.PretrainedConfig, transformers.ProcessorM
                                                            crop_size={"height": 16, "width": 16}),
         tokenizer=tokenizer, patch_size=4, vision_feature_select_strategy="default", num_additional_image_tokens=1,
         chat_template=chat_template("<image>"))
-    text = transformers.LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **TINY_LM)
+    text = transformers.LlamaConfig(vocab_size=len(tokenizer), **special_token_ids(tokenizer), **TINY_LM)
     config = transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**TINY_VISION), text_config=text,
                                       image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_seq_length=16)
     return config, processor
@@ -143,8 +149,7 @@ def tiny_qwen2_vl() -> tuple[transformers.PretrainedConfig, transformers.Process
 def qwen2_vl_config(tokenizer: transformers.PreTrainedTokenizerBase) -> transformers.PretrainedConfig:
     """The tiny Qwen2-VL config for ``tokenizer`` (``<|vision_start|>``, ``<|image_pad|>``, ... among its tokens)."""
     ids = tokenizer.convert_tokens_to_ids
-    text = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
+    text = dict(vocab_size=len(tokenizer), **special_token_ids(tokenizer),
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                 **TINY_LM)
     vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=4, spatial_merge_size=2,
@@ -203,12 +208,20 @@ def train(model: torch.nn.Module, processor: transformers.ProcessorMixin, datase
     collator = OmniCollator.from_processor(processor, mode="pack", max_length=max_length, train_on_prompt=False)
     args = SFTConfig(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_samples,
                      learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
-                     save_strategy="no", report_to=[], seed=seed,
+                     save_strategy="no", report_to=[], seed=seed, **checkpointing_args(True),
                      bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available())
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=processor,
                          data_collator=collator, peft_config=peft_config)
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def checkpointing_args(enabled: bool) -> dict[str, bool]:
+    """The training arguments' activation checkpointing switch under the name the installed Transformers gives it
+    (``activation_checkpointing``; releases without it know only ``gradient_checkpointing``, which later ones
+    deprecate). TRL's configs turn it on unless told."""
+    fields = transformers.TrainingArguments.__dataclass_fields__
+    return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
 
 
 def main(argv: list[str] | None = None) -> list[float]:

@@ -41,7 +41,7 @@ class OmniCollator:
 
     A sample (a dict; lists, numpy arrays and torch tensors are all accepted):
 
-    - ``input_ids``: 1-D ints, at least one token (``[1, n]``, a processor's batch of one, is read as ``[n]``).
+    - ``input_ids``: 1-D ints >= 0, at least one token (``[1, n]``, a processor's batch of one, is read as ``[n]``).
     - ``modality_spans``: sorted, non-overlapping ``(start, end)`` token ranges (end exclusive, inside the
       sample) whose tokens attend to each other both ways, e.g. the patch tokens of one image; every
       other token is causal text. Required (``[]`` for a text-only sample) unless ``vision`` is given: a
@@ -50,8 +50,8 @@ class OmniCollator:
       which this collator needs.
     - ``labels``: optional, same length as ``input_ids`` (default: ``input_ids``; not shifted, the model
       shifts).
-    - ``prompt_length``: optional int; with ``train_on_prompt=False`` the first ``prompt_length`` labels
-      become ``label_ignore_index``.
+    - ``prompt_length``: an int, required with ``train_on_prompt=False`` (then the first ``prompt_length``
+      labels become ``label_ignore_index``), optional otherwise.
     - ``attention_mask``: optional, all ones (processors return one); padding inside a sample is an error.
     - any other key (e.g. ``pixel_values`` ``[n_images, C, H, W]``): a per-sample tensor passed through,
       see "Pass-through" below. The keys this collator produces may not appear in a sample.
@@ -201,7 +201,7 @@ class OmniCollator:
         if not isinstance(samples, Sequence) or len(samples) == 0:
             got = f"an empty {type(samples).__name__}" if isinstance(samples, Sequence) else type(samples).__name__
             raise ValueError(f"samples: expected a non-empty list of dicts, got {got}")
-        read = [_read_sample(self._processed(sample, index), index, self.vision)
+        read = [_read_sample(self._processed(sample, index), index, self.vision, self.train_on_prompt)
                 for index, sample in enumerate(samples)]
         _check_spans(read)
         layout = self._layout(read)
@@ -306,8 +306,10 @@ class _Layout:
 # ---------------------------------------------------------------------- reading samples
 
 
-def _read_sample(sample: Mapping[str, Any], index: int, vision: VisionInputs | None) -> _Sample:
-    """Convert and check one sample's values; with ``vision``, find and check its images."""
+def _read_sample(sample: Mapping[str, Any], index: int, vision: VisionInputs | None,
+                 train_on_prompt: bool) -> _Sample:
+    """Convert and check one sample's values; with ``vision``, find and check its images. Without
+    ``train_on_prompt`` the sample must say where its prompt ends (``prompt_length``)."""
     if not isinstance(sample, Mapping):
         raise ValueError(f"samples[{index}]: expected a dict, got {type(sample).__name__}")
     if "input_ids" not in sample and ("messages" in sample or "prompt" in sample):
@@ -318,12 +320,16 @@ def _read_sample(sample: Mapping[str, Any], index: int, vision: VisionInputs | N
     input_ids = _int_vector(sample["input_ids"], index, "input_ids")
     if len(input_ids) == 0:
         raise ValueError(f"samples[{index}]['input_ids']: expected at least one token, got 0")
+    if input_ids.min() < 0:
+        position = int(np.argmax(input_ids < 0))
+        raise ValueError(f"samples[{index}]['input_ids']: expected token ids >= 0, got {int(input_ids[position])} "
+                         f"at position {position}")
     labels = (input_ids if sample.get("labels") is None
               else _int_vector(sample["labels"], index, "labels", len(input_ids)))
     if sample.get("attention_mask") is not None:
         mask = torch.as_tensor(sample["attention_mask"]).long()  # bool or int
         _check_no_padding(_int_vector(mask, index, "attention_mask", len(input_ids)), index)
-    prompt_length = _prompt_length(sample, len(input_ids), index)
+    prompt_length = _prompt_length(sample, len(input_ids), index, required=not train_on_prompt)
     if vision is None:
         no_images = np.zeros(len(input_ids), dtype=bool)
         return _Sample(input_ids, labels, _spans(sample, index), no_images, None, prompt_length, {}, {},
@@ -379,8 +385,13 @@ def _spans(sample: Mapping[str, Any], index: int) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _prompt_length(sample: Mapping[str, Any], length: int, index: int) -> int:
+def _prompt_length(sample: Mapping[str, Any], length: int, index: int, required: bool) -> int:
+    """The sample's ``prompt_length`` (0 when absent and not ``required``)."""
     value = sample.get("prompt_length")
+    if value is None and required:
+        raise ValueError(f"samples[{index}]['prompt_length']: expected an int in [0, {length}] with "
+                         "train_on_prompt=False (the prompt tokens whose labels are ignored; 0 trains on the whole "
+                         f"sample), got {'None' if 'prompt_length' in sample else 'no such key'}")
     if value is None:
         return 0
     number = value.item() if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 else value

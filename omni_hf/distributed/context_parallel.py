@@ -149,6 +149,10 @@ def balanced_bounds(doc_ids: np.ndarray, group_ids: np.ndarray, world_size: int,
 
 
 _KEEP = object()  # `ContextParallel.to`'s default: keep the shard's group
+# torch's one-tensor collectives under their current names; torch releases without them know only the older names,
+# which newer releases deprecate (a FutureWarning per call).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class _AllGather(torch.autograd.Function):
@@ -161,7 +165,7 @@ class _AllGather(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         gathered = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)
+        _all_gather_single(gathered, x.contiguous(), group=group)
         return gathered
 
     @staticmethod
@@ -172,7 +176,7 @@ class _AllGather(torch.autograd.Function):
             dist.all_reduce(summed, group=ctx.group)
             return summed.chunk(world)[dist.get_rank(ctx.group)], None
         mine = grad.new_empty((grad.shape[0] // world, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, grad.contiguous(), group=ctx.group)
+        _reduce_scatter_single(mine, grad.contiguous(), group=ctx.group)
         return mine, None
 
 

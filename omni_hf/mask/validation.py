@@ -32,8 +32,11 @@ def check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"doc_ids: expected an integer tensor, got {describe_value(doc_ids)}")
     if doc_ids.dim() == 1:
         doc_ids = doc_ids[None]
-    if doc_ids.dim() != 2 or doc_ids.shape[1] == 0:
+    if doc_ids.dim() != 2:
         raise ValueError(f"doc_ids: expected shape [B, kv_len] or [kv_len], got {tuple(doc_ids.shape)}")
+    if doc_ids.shape[1] == 0:
+        raise ValueError(f"doc_ids: expected at least one token (kv_len >= 1), got an empty sequence, shape "
+                         f"{tuple(doc_ids.shape)}")
     if group_ids is None:
         group_ids = torch.full_like(doc_ids, -1)
     if not isinstance(group_ids, torch.Tensor) or group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:

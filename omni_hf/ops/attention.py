@@ -247,7 +247,7 @@ def _mask_and_scalars_fit(q, k, block_mask, scale, softcap) -> bool:
     """The checks the CUDA ops leave to Python: the mask, its lengths against q's and k's, the scale and softcap."""
     try:
         return (type(block_mask) is OmniBlockMask and block_mask.q_len == q.shape[2] and block_mask.kv_len == k.shape[2]
-                and (scale is None or (type(scale) in (int, float) and -math.inf < scale < math.inf))
+                and (scale is None or (type(scale) in (int, float) and 0 < scale < math.inf))
                 and (softcap is None or (type(softcap) in (int, float) and 0 < softcap < math.inf)))
     except (AttributeError, TypeError, IndexError):
         return False
@@ -304,8 +304,8 @@ def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
     if dim % 8 != 0 or dim > MAX_HEAD_DIM:
         raise ValueError(f"q: expected a head dim that is a multiple of 8 and at most {MAX_HEAD_DIM}, got {dim}")
     _check_mask(block_mask, q, k)
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0 and math.isfinite(softcap)):
         raise ValueError(f"softcap: expected a positive finite float or None, got {softcap!r}")
 
@@ -339,12 +339,17 @@ def _check_mask(block_mask, q, k) -> None:
         raise ValueError(f"block_mask: expected q_len={q_len}, kv_len={kv_len} (from q and k), got "
                          f"q_len={block_mask.q_len}, kv_len={block_mask.kv_len}")
     if block_mask.batch not in (1, batch):
-        raise ValueError(f"block_mask: expected batch 1 or {batch}, got {block_mask.batch}")
+        raise ValueError(f"block_mask: expected batch {_batches(batch)}, got {block_mask.batch}")
     if block_mask.heads not in (1, heads_q):
         raise ValueError(f"block_mask: expected heads 1 or Hq={heads_q}, got {block_mask.heads}")
     ids = None if block_mask.token_rule is None else block_mask.token_rule.doc_ids
     if ids is not None and ids.shape[0] not in (1, batch):
-        raise ValueError(f"block_mask.token_rule.doc_ids: expected batch 1 or {batch}, got {ids.shape[0]}")
+        raise ValueError(f"block_mask.token_rule.doc_ids: expected batch {_batches(batch)}, got {ids.shape[0]}")
     if block_mask.device is not None and block_mask.device != q.device:
         raise ValueError(f"block_mask: expected device {q.device} (that of q), got {block_mask.device}; "
                          f"use block_mask.to(q.device)")
+
+
+def _batches(batch: int) -> str:
+    """The mask batches that fit q's ``batch``, in words (a mask of batch 1 serves every row)."""
+    return "1 (q's batch)" if batch == 1 else f"1 or {batch} (q's batch; a mask of batch 1 serves every row)"

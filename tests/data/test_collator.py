@@ -141,7 +141,8 @@ def batches(draw) -> tuple[list[dict], dict]:
     options = {"mode": draw(st.sampled_from(["pad", "pack"])),
                "padding_side": draw(st.sampled_from(["right", "left"])),
                "pad_to_multiple_of": draw(st.sampled_from([None, 8, 64])),
-               "train_on_prompt": draw(st.booleans())}
+               # train_on_prompt=False needs every sample's prompt_length
+               "train_on_prompt": draw(st.booleans()) or any("prompt_length" not in s for s in samples)}
     if options["mode"] == "pack":
         lengths = [len(s["input_ids"]) for s in samples]
         with_spans = [n for n, s in zip(lengths, samples) if len(s["modality_spans"])]
@@ -247,7 +248,7 @@ def test_pack_ties_keep_input_order_and_rows_open_in_order():
 
 
 def test_split_long_text_cuts_pieces_that_restart_positions_and_mask_the_prompt_across_pieces():
-    samples = [make_sample(0, 10, prompt_length=6), make_sample(1, 2, [(0, 2)])]
+    samples = [make_sample(0, 10, prompt_length=6), make_sample(1, 2, [(0, 2)], prompt_length=0)]
     batch = OmniCollator(PAD, mode="pack", max_length=4, split_long_text=True, train_on_prompt=False)(samples)
     # pieces of sample 0: tokens 0-3, 4-7, 8-9; longest first: 4 -> row 0, 4 -> row 1, 2 (piece) -> row 2,
     # sample 1 (2 tokens) -> row 2 after the piece (input order)

@@ -111,13 +111,14 @@ def bad_inputs(device="cpu", dtype=torch.float32):
         ("odd head dim", (q[..., :30], k[..., :30], v[..., :30], mask), {}, ValueError, "multiple of 8"),
         ("dense mask", (q, k, v, mask.to_dense()), {}, TypeError, "block_mask: expected an OmniBlockMask"),
         ("mask lengths", (q[:, :, :100], k, v, mask), {}, ValueError, "block_mask: expected q_len=100"),
-        ("mask batch", (q[:1], k[:1], v[:1], mask), {}, ValueError, "block_mask: expected batch 1 or 1"),
+        ("mask batch", (q[:1], k[:1], v[:1], mask), {}, ValueError,
+         r"block_mask: expected batch 1 \(q's batch\), got 2"),
         ("mask heads", (q, k, v, OmniBlockMask.from_dense(torch.ones(1, 3, 200, 200, dtype=torch.bool)).to(device)),
          {}, ValueError, "block_mask: expected heads 1 or Hq=4"),
         ("doc ids batch", (q, k, v, dataclasses.replace(mask, token_rule=dataclasses.replace(
             mask.token_rule, doc_ids=torch.zeros(3, 200, dtype=torch.int32, device=device)))), {},
          ValueError, "block_mask.token_rule.doc_ids: expected batch"),
-        ("scale", (q, k, v, mask), {"scale": float("nan")}, ValueError, "scale: expected a finite float"),
+        ("scale", (q, k, v, mask), {"scale": float("nan")}, ValueError, "scale: expected a positive finite float"),
         ("softcap", (q, k, v, mask), {"softcap": -1.0}, ValueError, "softcap: expected a positive"),
     ]
     return [pytest.param(*case[1:], id=case[0]) for case in cases]
