@@ -14,7 +14,7 @@ import torch
 
 from omni_hf import OmniCollator, VisionInputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BUILD_ONLY = ("nvidia-cutlass", "cuda-python", "scipy", "pydot")
