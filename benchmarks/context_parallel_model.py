@@ -114,8 +114,8 @@ class Hardware:
     """Achieved rates of one GPU and its links (defaults: H100 SXM nodes of 8 with NVSwitch, one 400 Gb/s NIC per GPU).
 
     Attributes:
-        gemm_tflops: bf16 dense GEMM at a model's shapes (benchmarks/results/attention/gemm_yardstick_h100.log
-            measures 761 at 8192^3; a 1B-3B model's GEMMs, 2048 wide, run lower).
+        gemm_tflops: bf16 dense GEMM at a model's shapes (an H100 runs 761 at 8192^3, `benchmarks.bench_kernels`;
+            a 1B-3B model's GEMMs, 2048 wide, run lower).
         attention_forward_tflops, attention_training_tflops: omni on VLM masks over the allowed pairs, forward and
             forward+backward (benchmarks/results/attention/realistic_h100.json: 530-568 / 416-425 at head dim 128,
             32k-token rows; the defaults take off about a quarter for head dim 64, small blocks and skew).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU machine's checks, logs under $OUT (default benchmarks/results/gpu_check): the library loads with this
-# torch, the GPU tests pass, compute-sanitizer finds nothing on small cases, and (optionally) benchmarks run.
+# One GPU machine's checks, logs under $OUT (default build/gpu_check, which git ignores): the library loads with
+# this torch, the GPU tests pass, compute-sanitizer finds nothing on small cases, and (optionally) benchmarks run.
 #
 #   OMNI_HF_CUDA_LIB=/path/libomni_hf_cuda.so bash benchmarks/gpu_check.sh [tests|sanitize|launch|decode|suite]...
 #
@@ -8,7 +8,7 @@
 # the first failing step. OMNI_HF_TESTS overrides the test files of the tests step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/gpu_check}
+OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # omni_hf for the scripts under tests/
 steps=("$@")

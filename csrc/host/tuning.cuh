@@ -26,10 +26,9 @@ bool fwd_takes_decode(const OmniFwdParams& p);
 bool fwd_takes_sm90(const OmniFwdParams& p);
 bool bwd_takes_sm90(const OmniBwdParams& p);
 
-// Whether 192-row CTAs pay at head dim 64 under an implicit mask (A/B on an H100,
-// benchmarks/results/kernel_ab/fwd_192_rows_{d64,small,towers}_h100.log): they make at least four waves (1.3 waves
-// ran 0.88x of 128-row CTAs, 2.6-5.3 even, 10-21 waves 1.09x), and their last tile pads q_len by at most 1/16 more
-// rows than a 128-row one (CLIP-L's 577 patches: 768 rows against 640 ran 0.97x).
+// Whether 192-row CTAs pay at head dim 64 under an implicit mask (measured against 128-row CTAs on an H100): they
+// make at least four waves (1.3 waves ran 0.88x of 128-row CTAs, 2.6-5.3 even, 10-21 waves 1.09x), and their last
+// tile pads q_len by at most 1/16 more rows than a 128-row one (CLIP-L's 577 patches: 768 rows against 640 ran 0.97x).
 inline bool sm90_fwd_192_rows_pay(const OmniFwdParams& p, int sms) {
   const int64_t padded_192 = int64_t(p.q_len + 191) / 192 * 192;
   const int64_t padded_128 = int64_t(p.q_len + 127) / 128 * 128;

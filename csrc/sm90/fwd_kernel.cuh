@@ -224,7 +224,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
     if (tile.kind != kTileFull) {
       // Derived here from an unhoisted ctid: from the plain one, the coordinates were hoisted out of the tile loop
       // and kept live across it (a register per key column of the thread), which spilled the softmax state at 192
-      // rows' 160 registers and cost 2-6% of causal forwards at 128 rows (hopper_forward.md, item 10).
+      // rows' 160 registers and cost 2-6% of causal forwards at 128 rows.
       const Tensor cS = mma_qk.get_thread_slice(unhoisted(ctid))
                             .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
       mask_scores<Traits>(acc_s, cS, tile, p, qpos0, s.q_ids, s.aux[stage]);

@@ -5,6 +5,8 @@ repository on PYTHONPATH, for blocks that import `examples`; Hugging Face's hub 
 A ```python gpu block runs only where CUDA is available. Each ```bash block's commands must name things that exist:
 `python3 -m` modules and scripts answer ``--help`` (listing the options the block passes), extras in ``.[...]`` are declared in pyproject.toml, other
 programs are on PATH, and pip is always run as ``python3 -m pip``.
+Relative links in these documents, in docs/ below them and in the benchmarks READMEs point to files; benchmarks/results
+holds only figures and reports (no scripts, no logs), each named by its folder's README or a document.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "benchmarks" / "results"
+LINKED_DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md",
+                    *sorted(RESULTS.glob("*/README.md"))]
+RESULTS_FILE_LIMIT = 80  # benchmarks/results is the record of current figures; logs and superseded runs live in git
+RESULT_SUFFIXES = {".json", ".png", ".md", ".txt"}  # figures and reports: no scripts, no logs
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 PYTHON_INFOS = {"python", "python gpu"}  # every python fence says one of these: nothing is skipped silently
 BLOCK_TIMEOUT_S = 600
@@ -165,8 +172,44 @@ def test_pip_is_run_through_the_interpreter(document):
     assert not bare, f"{document.name}: pip run bare (write `python3 -m pip`):\n" + "\n".join(bare)
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda document: str(document.relative_to(ROOT)))
+@pytest.mark.parametrize("document", LINKED_DOCUMENTS, ids=lambda document: str(document.relative_to(ROOT)))
 def test_relative_links_point_to_files(document):
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text())
     missing = [target for target in targets if "://" not in target and not (document.parent / target).exists()]
     assert not missing, f"{document.name} links to paths that do not exist: {missing}"
+
+
+def expand_braces(name: str) -> list[str]:
+    """``a_{x,y}.{json,png}`` -> the names it stands for (as the shell expands it)."""
+    match = re.search(r"\{([^{}]*)\}", name)
+    if not match:
+        return [name]
+    return [expanded for choice in match[1].split(",")
+            for expanded in expand_braces(name[:match.start()] + choice + name[match.end():])]
+
+
+def cited_names(text: str) -> set[str]:
+    """Every file name written in backticks or as a link target in ``text``, braces expanded, folders dropped."""
+    words = re.findall(r"`([^`\s]+)`", text) + re.findall(r"\]\(([^)#\s]+)", text)
+    return {Path(name).name for word in words for name in expand_braces(word)}
+
+
+def result_files() -> list[Path]:
+    """The files under benchmarks/results that git tracks (all of them outside a git checkout)."""
+    done = subprocess.run(["git", "ls-files", "-z", str(RESULTS)], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode == 0 and done.stdout:
+        return [ROOT / path for path in done.stdout.split("\0") if path]
+    return [path for path in RESULTS.rglob("*") if path.is_file()]
+
+
+def test_results_hold_only_cited_figures():
+    files = result_files()
+    limit = RESULTS_FILE_LIMIT
+    assert len(files) <= limit, f"benchmarks/results holds {len(files)} files, expected at most {limit}"
+    odd = [str(path.relative_to(ROOT)) for path in files if path.suffix not in RESULT_SUFFIXES]
+    assert not odd, f"benchmarks/results holds files other than {sorted(RESULT_SUFFIXES)}: {odd}"
+    everywhere = cited_names("\n".join(document.read_text() for document in LINKED_DOCUMENTS))
+    uncited = [str(path.relative_to(ROOT)) for path in files if path.name != "README.md"
+               and path.name not in cited_names((path.parent / "README.md").read_text()) | everywhere]
+    assert not uncited, f"files under benchmarks/results that no README or doc names: {uncited}"
+    assert all((folder / "README.md").is_file() for folder in RESULTS.iterdir() if folder.is_dir())
