@@ -4,7 +4,9 @@ the sm_80 kernels cannot fit on a GPU to the reference. The compile checks skip 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -118,13 +120,16 @@ def test_nvcc_builds_every_target_of_the_table():
 def test_a_portable_source_carries_sass_for_each_generation_and_ptx(tmp_path):
     """decode/split_kv.cu (the smallest source with a kernel) built with the default targets: cuobjdump lists an ELF
     image for sm_80, sm_90a, sm_100 and sm_120 and the compute_80 PTX."""
-    needs_nvcc()
+    nvcc = needs_nvcc()
+    cuobjdump = shutil.which("cuobjdump") or shutil.which("cuobjdump", path=str(Path(nvcc).parent))
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found (beside nvcc or on PATH)")
     try:
         build.find_cutlass_include()
     except build.BuildError as err:
         pytest.skip(str(err))
     [obj] = build.compile_objects(tmp_path, jobs=1, only="decode/split_kv.cu")
-    listing = subprocess.run(["cuobjdump", "--list-elf", "--list-ptx", str(obj)], capture_output=True, text=True,
+    listing = subprocess.run([cuobjdump, "--list-elf", "--list-ptx", str(obj)], capture_output=True, text=True,
                              check=True).stdout
     elf = {line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}
     ptx = {line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("PTX file")}
