@@ -1,8 +1,8 @@
 """CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
-absent): the ABI version and the values Python shares with the library, the torch ops compiled against torch's stable ABI at the
-target version, a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, the
-implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the generated
-instantiations and shared values (csrc/generate_instantiations.py) and head-dim dispatch."""
+absent): the ABI version and the values Python shares with the library, the torch ops compiled against torch's
+stable ABI at the target version, a library linked so that it needs torch's libraries, one kernel instantiation for
+sm_80, the implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the
+generated instantiations and shared values (csrc/generate_instantiations.py) and head-dim dispatch."""
 
 from __future__ import annotations
 
