@@ -2,12 +2,15 @@
 
 Metadata lives in pyproject.toml. The build runs when nvcc, the CUTLASS headers and torch's headers are found and a
 GPU driver is present; OMNI_HF_BUILD_CUDA=1 forces it (e.g. a wheel built on a machine without a GPU) and =0 skips
-it. The library goes where `omni_hf.ops.library` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
+it. The library goes where `omni_hf.kernels.loader` looks first, ``omni_hf/lib/``: into the wheel (a platform wheel,
 ``py3-none-<platform>``: the library uses no Python C API) or, for an editable install, into the source tree. So an
 install builds once and the first call loads it. Without it the package installs as pure Python and the first
 use on a GPU builds the library into a cache directory.
 
-Knobs: OMNI_HF_BUILD_ARCHS (default "80,90a"), OMNI_HF_BUILD_SOURCES (a glob of csrc/ sources to build, for tests).
+Knobs: OMNI_HF_BUILD_ARCHS (build targets, e.g. "sm_80,sm_90a"; default: every target of
+``omni_hf/kernels/table.py``, as ``python -m omni_hf.build`` builds, so the wheel and an editable install carry the same
+set: SASS for 8.x, 9.0, 10.x and 12.x, PTX for later GPUs), OMNI_HF_BUILD_SOURCES (a glob of csrc/ sources to build,
+for tests).
 """
 
 import ctypes
@@ -70,7 +73,7 @@ class BuildPyWithCuda(build_py):
             print(f"omni_hf: not building the CUDA library ({WHY}); it will be built on first use")
             return
         root = ROOT if self.editable_mode else Path(self.build_lib)
-        archs = tuple(a for a in os.environ.get("OMNI_HF_BUILD_ARCHS", "80,90a").split(",") if a)
+        archs = BUILD.parse_archs(os.environ.get("OMNI_HF_BUILD_ARCHS", "")) or BUILD.DEFAULT_ARCHS
         print(f"omni_hf: building the CUDA library ({WHY}) into {root / 'omni_hf' / 'lib'}")
         BUILD.build(root / "omni_hf" / "lib", archs, only=os.environ.get("OMNI_HF_BUILD_SOURCES"))
 

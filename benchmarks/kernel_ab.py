@@ -184,11 +184,11 @@ def measure_cases(cases: list[Case], which: str) -> dict:
     """The child's answer: the GPU, torch and library, and `measure_case` of every case."""
     import torch
 
-    from omni_hf.ops import library as _cuda
+    from omni_hf.kernels import loader
 
-    if not _cuda.available():
+    if not loader.available():
         raise SystemExit("kernel_ab: needs a CUDA device and the omni_hf CUDA library")
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": str(_cuda.library_path()),
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": str(loader.library_path()),
             "rows": [measure_case(case, which) for case in cases]}
 
 

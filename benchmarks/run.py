@@ -262,9 +262,9 @@ def environment() -> dict:
     import transformers
     import triton
 
-    from omni_hf.ops import library as _cuda
+    from omni_hf.kernels import loader
 
-    lib = _cuda.library_path()
+    lib = loader.library_path()
     data = lib.read_bytes()
     major, minor = torch.cuda.get_device_capability()
     disabled = os.environ.get("OMNI_HF_DISABLE_SM90", "") not in ("", "0")
@@ -379,10 +379,10 @@ def plan(args: argparse.Namespace) -> list[tuple[Shape, str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from omni_hf.ops import library as _cuda
+    from omni_hf.kernels import loader
 
-    if not _cuda.available():
-        raise SystemExit(f"omni_hf CUDA library unavailable: {_cuda._load_error()}")
+    if not loader.available():
+        raise SystemExit(f"omni_hf CUDA library unavailable: {loader.load_error()}")
     os.environ.setdefault("OMNI_HF_BACKEND", "cuda")  # never time the reference by accident
     meta = environment()
     meta["flex_flash"] = {"unavailable": peers.flash_unavailable(), **peers.flash_environment()}  # why not, versions

@@ -1,12 +1,16 @@
-"""Writes the kernel instantiations of the CUDA library from one table, and the head-dim list the dispatch reads.
+"""Writes the kernel instantiations of the CUDA library from one table, and the values C++ and Python share.
 
     python csrc/generate_instantiations.py          # rewrite the generated files
     python csrc/generate_instantiations.py --check  # exit 1 if a committed file differs from the table
 
 Every (arch, direction, dtype, head dim) of the table gets one source, ``<arch>/inst/<direction>_<dtype>_hdim<D>.cu``,
 that instantiates that arch's launcher (``run_fwd`` / ``run_bwd``), so a build compiles them in parallel.
-``host/head_dims.h`` lists the head dims as an X-macro for the host dispatch (``host/dispatch.cuh``), so adding a
-head dim is one line in ``HEAD_DIMS``. The generated files are committed: a build needs no Python step.
+``host/table.h`` gives the host code the table's values: the head dims as X-macros for the dispatch
+(``host/dispatch.cuh``), the block sizes, the grid limit, the compute capabilities of the kernel families and the
+shared memory of the sm_80 kernels (which their launchers check at compile time). ``omni_hf/kernels/table.py`` gives
+Python the same values, plus the build targets of each family (``omni_hf/build.py``), without a GPU or a built
+library. So adding a head dim is one line in ``HEAD_DIMS``. The generated files are committed: a build needs no
+Python step.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent
+PYTHON_TABLE = CSRC.parent / "omni_hf" / "kernels" / "table.py"
 
 # The table: each head dim with the kernel families that take it, every dtype of each; an arch alone takes both
 # directions, "arch:direction" one. sm80 takes every head dim (it is every call's fallback); "decode" is the
@@ -29,12 +34,41 @@ HEAD_DIMS = {
     128: ("sm80", "sm90", "decode"),
     256: ("sm80", "sm90"),
 }
+BLOCK_SIZES = (64, 128)  # the mask block sizes (rows and columns) every kernel takes
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z dimensions: batch rows, query blocks, key tiles per launch
+
+# What the library embeds for each kernel family: SASS ("sm_XY") for the GPUs named and PTX ("compute_XY") that the
+# driver compiles for any other GPU it can serve. The sm80 family (every source outside sm90/: mma.sync and cp.async)
+# is portable: SASS for Ampere / Ada (8.x), Hopper, datacenter (10.x) and consumer (12.x) Blackwell, PTX for every
+# later GPU. The sm90 family (wgmma, TMA) is arch-specific ("a"): it runs on compute capability 9.0 only, where the
+# dispatch prefers it; its PTX lets a 9.0 GPU JIT it (CUDA_FORCE_PTX_JIT=1).
+BUILD_TARGETS = {
+    "sm80": ("sm_80", "sm_90a", "sm_100", "sm_120", "compute_80"),
+    "sm90": ("sm_90a", "compute_90a"),
+}
+
+# Shared memory per block of the sm_80 kernels, in bytes, by head dim and the call's block_q (forward) or block_kv
+# (backward; above head dim 128 it runs 64-key tiles for either). The launchers static_assert their traits against
+# these figures, so a kernel whose shared memory changes stops the build until this table says so; Python compares
+# them with a GPU's opt-in shared memory per block before choosing the kernels.
+SM80_SMEM_BYTES = {
+    "fwd": {(64, 64): 25600, (64, 128): 34816, (96, 64): 37888, (96, 128): 51200, (128, 64): 50176,
+            (128, 128): 67584, (256, 64): 99328, (256, 128): 133120},
+    "bwd": {(64, 64): 67712, (64, 128): 100992, (96, 64): 92288, (96, 128): 133760, (128, 64): 116864,
+            (128, 128): 166528, (256, 64): 215168, (256, 128): 215168},
+}
 
 
 def takes(head_dim: int, family: str, direction: str | None = None) -> bool:
     """Whether the table gives ``family`` (an arch or "decode") kernels of ``head_dim`` in ``direction``."""
     families = HEAD_DIMS.get(head_dim, ())
     return family in families or (direction is not None and f"{family}:{direction}" in families)
+
+
+def capability(target: str) -> int:
+    """The compute capability of a build target as major * 10 + minor: "sm_90a" -> 90, "compute_80" -> 80."""
+    return int(target.split("_")[1].rstrip("a"))
+
 
 SIGNATURES = {
     "fwd": "(const OmniFwdParams&)",
@@ -52,34 +86,102 @@ def instantiation(arch: str, direction: str, dtype: str, head_dim: int) -> str:
     )
 
 
-def head_dims_header() -> str:
-    """host/head_dims.h: the head dims as X-macros (all, and those of the sm_90a and decode kernels), and as text
-    for error messages."""
-    dims = [str(d) for d in sorted(HEAD_DIMS)]
-    text = dims[0] if len(dims) == 1 else ", ".join(dims[:-1]) + " and " + dims[-1]
+def _macro(name: str, items: list[str]) -> str:
+    """``#define name(X) items...``, continued over lines of at most 120 characters."""
+    lines, line = [], f"#define {name}(X)"
+    for item in items:
+        if len(line) + len(item) + 3 > 120:
+            lines.append(line + " \\")
+            line = "  "
+        line += f" {item}"
+    return "\n".join(lines + [line]) + "\n"
 
-    def x_macro(name: str, family: str | None, direction: str | None = None) -> str:
-        taken = [d for d in sorted(HEAD_DIMS) if family is None or takes(d, family, direction)]
-        return f"#define {name}(X) {' '.join(f'X({d})' for d in taken)}\n"
+
+def table_header() -> str:
+    """host/table.h: the head dims as X-macros (all, and those of the sm_90a and decode kernels) and as text for
+    error messages, the block sizes, the grid limit, the families' compute capabilities, the sm_80 shared memory."""
+    dims = sorted(HEAD_DIMS)
+    text = ", ".join(map(str, dims[:-1])) + " and " + str(dims[-1]) if len(dims) > 1 else str(dims[0])
+
+    def head_dims(name: str, family: str | None, direction: str | None = None) -> str:
+        return _macro(name, [f"X({d})" for d in dims if family is None or takes(d, family, direction)])
+
+    def smem(direction: str) -> str:
+        sizes = sorted(SM80_SMEM_BYTES[direction].items())
+        return _macro(f"OMNI_FOR_EACH_SM80_{direction.upper()}_SMEM", [f"X({d}, {b}, {n})" for (d, b), n in sizes])
 
     return (
         "// Generated by csrc/generate_instantiations.py from its table: edit the table and run it, not this file.\n"
         "// The head dims with kernel instantiations, ascending: OMNI_FOR_EACH_HEAD_DIM(X) expands X(D) for each\n"
         "// (the sm_80 kernels take them all), the SM90_FWD, SM90_BWD and DECODE lists for those of the sm_90a\n"
         "// forward and backward and of the decode kernels; host/dispatch.cuh turns them into the dispatch switch\n"
-        "// and its checks.\n"
+        "// and its checks. Then the mask block sizes, CUDA's grid limit in y and z, the compute capability (major *\n"
+        "// 10 + minor) the sm_90a kernels run on and the lowest any kernel runs on, and X(head dim, block, bytes):\n"
+        "// the shared memory per block of the sm_80 forward (by block_q) and backward (by block_kv), which their\n"
+        "// launchers check. Python reads the same values from omni_hf/kernels/table.py.\n"
         "#pragma once\n\n"
-        + x_macro("OMNI_FOR_EACH_HEAD_DIM", None)
-        + x_macro("OMNI_FOR_EACH_SM90_FWD_HEAD_DIM", "sm90", "fwd")
-        + x_macro("OMNI_FOR_EACH_SM90_BWD_HEAD_DIM", "sm90", "bwd")
-        + x_macro("OMNI_FOR_EACH_DECODE_HEAD_DIM", "decode")
+        + head_dims("OMNI_FOR_EACH_HEAD_DIM", None)
+        + head_dims("OMNI_FOR_EACH_SM90_FWD_HEAD_DIM", "sm90", "fwd")
+        + head_dims("OMNI_FOR_EACH_SM90_BWD_HEAD_DIM", "sm90", "bwd")
+        + head_dims("OMNI_FOR_EACH_DECODE_HEAD_DIM", "decode")
         + f'#define OMNI_HEAD_DIMS_TEXT "{text}"\n'
+        + _macro("OMNI_FOR_EACH_BLOCK_SIZE", [f"X({b})" for b in BLOCK_SIZES])
+        + f'#define OMNI_BLOCK_SIZES_TEXT "{" or ".join(map(str, BLOCK_SIZES))}"\n'
+        + f"#define OMNI_MAX_GRID_YZ {MAX_GRID_YZ}\n"
+        + f"#define OMNI_SM90_CAPABILITY {capability(BUILD_TARGETS['sm90'][0])}\n"
+        + f"#define OMNI_MIN_CAPABILITY {min_capability()}\n"
+        + smem("fwd")
+        + smem("bwd")
+    )
+
+
+def min_capability() -> int:
+    """The lowest compute capability that runs the kernels: that of the portable family's PTX."""
+    return min(capability(t) for t in BUILD_TARGETS["sm80"])
+
+
+def _python_dict(name: str, entries: dict, indent: str = "    ") -> str:
+    """``name = {...}`` with one entry per line, keys and values as Python literals (strings double-quoted)."""
+    lines = [f"{indent}{_literal(k)}: {_literal(v)}," for k, v in entries.items()]
+    return f"{name} = {{\n" + "\n".join(lines) + "\n}\n"
+
+
+def _literal(value) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_literal, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def python_table() -> str:
+    """omni_hf/kernels/table.py: the same values for Python, and the build targets of each kernel family."""
+    rows = [f"    {_literal(direction)}: {{\n" + "".join(f"        {_literal(key)}: {size},\n"
+                                                         for key, size in sorted(sizes.items())) + "    },"
+            for direction, sizes in SM80_SMEM_BYTES.items()]
+    return (
+        '"""The values the CUDA library and Python share, generated by csrc/generate_instantiations.py from its\n'
+        "table: edit the table and run it, not this file. It imports nothing, so the build (``omni_hf/build.py``, run\n"
+        'by setup.py without torch) reads it by its path."""\n\n'
+        f"HEAD_DIMS = {_literal(tuple(sorted(HEAD_DIMS)))}  # the instantiated head dims, ascending\n"
+        f"BLOCK_SIZES = {_literal(BLOCK_SIZES)}  # the mask block sizes (block_q and block_kv) the kernels take\n"
+        f"MAX_GRID_YZ = {MAX_GRID_YZ}  # CUDA's grid limit in y and z: batch rows and query blocks of one launch\n"
+        "# The kernel families' build targets, SASS (sm_XY) and PTX (compute_XY): the sm90 family runs on compute\n"
+        "# capability SM90_CAPABILITY only, the portable sm80 family on every GPU from MIN_CAPABILITY on.\n"
+        + _python_dict("BUILD_TARGETS", BUILD_TARGETS)
+        + f"SM90_CAPABILITY = {_literal(divmod(capability(BUILD_TARGETS['sm90'][0]), 10))}\n"
+        f"MIN_CAPABILITY = {_literal(divmod(min_capability(), 10))}\n"
+        "# Shared memory per block of the sm_80 kernels in bytes, by (head dim, block_q) for the forward and (head\n"
+        "# dim, block_kv) for the backward.\n"
+        "SM80_SMEM_BYTES = {\n" + "\n".join(rows) + "\n}\n"
     )
 
 
 def generated_files() -> dict[Path, str]:
     """Every generated file (path relative to csrc/) and its text."""
-    files = {Path("host/head_dims.h"): head_dims_header()}
+    files = {Path("host/table.h"): table_header(), Path("..", "omni_hf", "kernels", "table.py"): python_table()}
     for arch in ARCHS:
         for direction in DIRECTIONS:
             for dtype in DTYPES:

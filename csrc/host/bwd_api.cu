@@ -16,8 +16,6 @@
 namespace omni::bwd {
 namespace {
 
-constexpr int64_t kMaxGridY = 65535;
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int check_bwd_params(const OmniBwdParams& p) {
@@ -30,9 +28,9 @@ int check_bwd_params(const OmniBwdParams& p) {
   if (f.mask.kind == OMNI_MASK_BLOCKS) {
     if (int s = check_list(f.mask.q, static_cast<int>(ceil_div(f.kv_len, f.mask.block_kv)), "q")) return s;
   }
-  if (ceil_div(f.kv_len, f.mask.block_kv) > kMaxGridY || ceil_div(f.q_len, kRowTile) > kMaxGridY)
+  if (ceil_div(f.kv_len, f.mask.block_kv) > OMNI_MAX_GRID_YZ || ceil_div(f.q_len, kRowTile) > OMNI_MAX_GRID_YZ)
     return fail(OMNI_ERR_SHAPE, "kv_len=%d or q_len=%d exceeds the backward's grid limit (%lld tiles)", f.kv_len,
-                f.q_len, static_cast<long long>(kMaxGridY));
+                f.q_len, static_cast<long long>(OMNI_MAX_GRID_YZ));
   const size_t need = workspace_bytes(f);
   if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
     return fail(OMNI_ERR_WORKSPACE, "workspace of %zu bytes at %p; the backward needs %zu", p.workspace_bytes,

@@ -13,10 +13,6 @@ namespace omni {
 namespace {
 
 constexpr int64_t kVectorElems = 8;  // 16 bytes of fp16 / bf16
-constexpr int kMaxGridYZ = 65535;
-
-bool supported_block(int size) { return size == 64 || size == 128; }
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int check_shapes(const OmniFwdParams& p) {
@@ -31,9 +27,9 @@ int check_shapes(const OmniFwdParams& p) {
     return fail(OMNI_ERR_SHAPE, "mask.heads=%d; implicit masks (kind %d) have one head", p.mask.heads, p.mask.kind);
   if (p.mask.heads != 1 && p.mask.heads != p.heads_q)
     return fail(OMNI_ERR_SHAPE, "mask.heads=%d must be 1 or heads_q=%d", p.mask.heads, p.heads_q);
-  if (p.batch > kMaxGridYZ || ceil_div(p.q_len, p.mask.block_q) > kMaxGridYZ)
+  if (p.batch > OMNI_MAX_GRID_YZ || ceil_div(p.q_len, p.mask.block_q) > OMNI_MAX_GRID_YZ)
     return fail(OMNI_ERR_SHAPE, "batch=%d or q_len/block_q=%lld exceeds the grid limit %d", p.batch,
-                static_cast<long long>(ceil_div(p.q_len, p.mask.block_q)), kMaxGridYZ);
+                static_cast<long long>(ceil_div(p.q_len, p.mask.block_q)), OMNI_MAX_GRID_YZ);
   if (p.lse == nullptr) return fail(OMNI_ERR_SHAPE, "lse pointer is NULL");
   if (p.mask.num_partial > 0 && p.mask.partial_pool == nullptr)
     return fail(OMNI_ERR_SHAPE, "mask.partial_pool is NULL but num_partial=%d", p.mask.num_partial);
@@ -56,12 +52,12 @@ int check_list(const OmniBlockList& list, int rows, const char* name) {
 
 int check_device() {
   const int capability = compute_capability();  // looked up once per device
-  if (capability >= 80) return OMNI_OK;
+  if (capability >= OMNI_MIN_CAPABILITY) return OMNI_OK;
   int device = 0;
   if (int s = check_cuda(cudaGetDevice(&device), "cudaGetDevice")) return s;
   if (capability == 0) return fail(OMNI_ERR_CUDA, "the compute capability of device %d could not be read", device);
-  return fail(OMNI_ERR_ARCH, "device %d has compute capability %d.%d; sm_80 or newer needed", device, capability / 10,
-              capability % 10);
+  return fail(OMNI_ERR_ARCH, "device %d has compute capability %d.%d; %d.%d or newer needed", device, capability / 10,
+              capability % 10, OMNI_MIN_CAPABILITY / 10, OMNI_MIN_CAPABILITY % 10);
 }
 
 int check_tensor(const OmniTensor& t, const char* name) {
@@ -78,8 +74,8 @@ int check_tensor(const OmniTensor& t, const char* name) {
 int check_call_params(const OmniFwdParams& p) {
   if (p.dtype != OMNI_FP16 && p.dtype != OMNI_BF16)
     return fail(OMNI_ERR_DTYPE, "dtype=%d; expected OMNI_FP16 (0) or OMNI_BF16 (1)", p.dtype);
-  if (!supported_block(p.mask.block_q) || !supported_block(p.mask.block_kv))
-    return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d block_kv=%d; each must be 64 or 128", p.mask.block_q,
+  if (!supported_block_size(p.mask.block_q) || !supported_block_size(p.mask.block_kv))
+    return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d block_kv=%d; each must be " OMNI_BLOCK_SIZES_TEXT, p.mask.block_q,
                 p.mask.block_kv);
   if (kernel_head_dim(p.head_dim) == 0)
     return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; expected a multiple of 8 up to the largest of the kernels' "

@@ -11,6 +11,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "host/dispatch.cuh"
 #include "host/status.cuh"
 
 namespace omni {
@@ -369,9 +370,10 @@ __global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __r
 }
 
 int check_token_mask_params(const OmniTokenMaskParams& p) {
-  if (p.block_q != 64 && p.block_q != 128) return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d; expected 64 or 128", p.block_q);
-  if (p.block_kv != 64 && p.block_kv != 128)
-    return fail(OMNI_ERR_BLOCK_SIZE, "block_kv=%d; expected 64 or 128", p.block_kv);
+  if (!supported_block_size(p.block_q))
+    return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d; expected " OMNI_BLOCK_SIZES_TEXT, p.block_q);
+  if (!supported_block_size(p.block_kv))
+    return fail(OMNI_ERR_BLOCK_SIZE, "block_kv=%d; expected " OMNI_BLOCK_SIZES_TEXT, p.block_kv);
   if (p.batch < 0 || p.kv_len < 1 || p.q_len < 1 || p.q_len > p.kv_len)
     return fail(OMNI_ERR_SHAPE, "batch=%d, q_len=%d, kv_len=%d; expected batch >= 0 and 1 <= q_len <= kv_len",
                 p.batch, p.q_len, p.kv_len);

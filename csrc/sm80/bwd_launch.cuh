@@ -46,6 +46,10 @@ int run_bwd_tiles(const OmniBwdParams& p, const bwd::Workspace& ws) {
 // dV of 128 keys x 256 columns would take 256 accumulator registers per thread.
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
+  constexpr int kTileOf128Keys = kHeadDim > 128 ? 64 : 128;  // the key tile that runs 128-key blocks
+  static_assert(bwd::Traits<Element, kHeadDim, 64>::kSmemBytes == sm80_bwd_smem_bytes(kHeadDim, 64) &&
+                    bwd::Traits<Element, kHeadDim, kTileOf128Keys>::kSmemBytes == sm80_bwd_smem_bytes(kHeadDim, 128),
+                "the sm_80 backward's shared memory differs from SM80_SMEM_BYTES in csrc/generate_instantiations.py");
   if constexpr (kHeadDim > 128) {
     return run_bwd_tiles<Element, kHeadDim, 64>(p, ws);
   } else {

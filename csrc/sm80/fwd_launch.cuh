@@ -23,6 +23,8 @@ template <class Traits, bool kSoftcap>
 int launch_fwd_kernel(const OmniFwdParams& p) {
   auto kernel = fwd_kernel<Traits, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
+  static_assert(kSmem == sm80_fwd_smem_bytes(Traits::kHeadDim, Traits::kBlockM),
+                "the sm_80 forward's shared memory differs from SM80_SMEM_BYTES in csrc/generate_instantiations.py");
   if (kSmem > 48 * 1024) {
     if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "fwd_kernel")) return s;
   }

@@ -18,11 +18,11 @@ Rows past ``q_len`` and keys past ``kv_len`` are never allowed.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 
+from ..kernels.token_mask import builds_token_masks, token_mask
 from . import dense, flex
 from .dense import classify_rows, empty_pool
 from .key_padding import key_padding_table
@@ -218,10 +218,8 @@ class OmniBlockMask:
             raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
         check_window(window)
         pool = empty_pool(block_q, block_kv, doc_ids.device)
-        if _library_builds_token_masks(doc_ids):
-            from ..ops import library
-
-            *lists, ranges = library.token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window)
+        if builds_token_masks(doc_ids):
+            *lists, ranges = token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window)
             return cls(q_len, kv_len, block_q, block_kv, kv=BlockLists(*lists[:4]), q=BlockLists(*lists[4:]),
                        partial_pool=pool, token_rule=TokenRule(doc_ids, group_ids, ranges), window=window)
         types = classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
@@ -508,13 +506,3 @@ class OmniBlockMask:
             return self
         return dataclasses.replace(self, kv=self.kv.map(fn), q=self.q.map(fn), partial_pool=fn(self.partial_pool),
                                    token_rule=None if self.token_rule is None else self.token_rule.map(fn))
-
-
-def _library_builds_token_masks(ids: torch.Tensor) -> bool:
-    """Whether `from_token_ids` hands these ids to the CUDA library: on a GPU, not being traced by
-    torch.compile (the PyTorch build traces into the graph as it is), not forced to PyTorch, and the library loads."""
-    if not ids.is_cuda or torch.compiler.is_compiling() or os.environ.get("OMNI_HF_BACKEND") == "reference":
-        return False
-    from ..ops import library
-
-    return library.available()

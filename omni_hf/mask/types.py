@@ -1,4 +1,5 @@
-"""Block types, mask kinds and block sizes: the values the C header (`csrc/include/omni_attention.h`) shares."""
+"""Block types, mask kinds and block sizes: the values the C header (`csrc/include/omni_attention.h`) shares; the
+block sizes come from the generated table the library is built from (`omni_hf.kernels.table`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import enum
 
 import torch
 
-__all__ = ["BLOCK_SIZES", "BlockType", "MaskKind", "block_size_pair"]
+from ..kernels.table import BLOCK_SIZES
 
-BLOCK_SIZES = (64, 128)
+__all__ = ["BLOCK_SIZES", "BlockType", "MaskKind", "block_size_pair"]
 
 
 class BlockType(enum.IntEnum):

@@ -1,8 +1,8 @@
 """CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
-absent): the ABI version and the head dims Python expects, the torch ops compiled against torch's stable ABI at the
-target version, a library linked so that it needs torch's libraries, one kernel instantiation for sm_80, the
-implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the generated
-instantiations (csrc/generate_instantiations.py) and head-dim dispatch."""
+absent): the ABI version and the values Python shares with the library, the torch ops compiled against torch's
+stable ABI at the target version, a library linked so that it needs torch's libraries, one kernel instantiation for
+sm_80, the implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the
+generated instantiations and shared values (csrc/generate_instantiations.py) and head-dim dispatch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omni_hf import OmniBlockMask, build
-from omni_hf.ops import library
+from omni_hf.kernels import loader, table
 from tests.helpers.brute_force import causal_dense
 
 
@@ -40,7 +40,7 @@ def host_program(source: str, exe: Path) -> Path:
 
 def test_python_expects_the_abi_version_of_the_header():
     header = (build.CSRC / "include" / "omni_attention.h").read_text()
-    assert f"#define OMNI_ABI_VERSION {library.ABI_VERSION}\n" in header
+    assert f"#define OMNI_ABI_VERSION {loader.ABI_VERSION}\n" in header
 
 
 def load_generator():
@@ -59,8 +59,12 @@ def test_committed_instantiations_are_what_the_generator_writes():
     assert committed == {p for p in generator.generated_files() if p.parts[1] == "inst"}
 
 
-def test_python_sends_the_library_the_head_dims_of_the_table():
-    assert library.HEAD_DIMS == tuple(sorted(load_generator().HEAD_DIMS))
+def test_python_reads_the_values_of_the_table():
+    generator = load_generator()
+    assert table.HEAD_DIMS == tuple(sorted(generator.HEAD_DIMS))
+    assert (table.BLOCK_SIZES, table.MAX_GRID_YZ) == (generator.BLOCK_SIZES, generator.MAX_GRID_YZ)
+    assert table.BUILD_TARGETS == generator.BUILD_TARGETS and table.SM80_SMEM_BYTES == generator.SM80_SMEM_BYTES
+    assert table.SM90_CAPABILITY == (9, 0) and table.MIN_CAPABILITY == (8, 0)
 
 
 @pytest.mark.parametrize("families", [("sm80", "sm90", "decode"), ("sm80",), ("sm80", "sm90:fwd")])
@@ -77,7 +81,7 @@ def test_a_head_dim_added_to_the_table_reaches_its_instantiations_and_the_dispat
                 if wanted:
                     text = files[path]
                     assert f"run_{direction}<{element}, 96>" in text and f'"{arch}/{direction}_launch.cuh"' in text
-    header = files[Path("host", "head_dims.h")]
+    header = files[Path("host", "table.h")]
     dims = sorted(generator.HEAD_DIMS)
     assert f"#define OMNI_FOR_EACH_HEAD_DIM(X) {' '.join(f'X({d})' for d in dims)}\n" in header
     for macro, family, direction in (("SM90_FWD", "sm90", "fwd"), ("SM90_BWD", "sm90", "bwd"),
@@ -133,7 +137,7 @@ def test_ops_link_into_a_library_that_needs_torchs_libraries(tmp_path):
     needs("cutlass", "torch")
     objs = build.compile_objects(tmp_path, archs=("80",), jobs=2, only="host/*.cpp")
     objs += build.compile_objects(tmp_path, archs=("80",), jobs=2, only="host/status.cu")
-    lib = build.link(objs, tmp_path / "lib.so", ("80",))
+    lib = build.link(objs, tmp_path / "lib.so")
     dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     for name in build.TORCH_LIBRARIES:
         assert f"[lib{name}.so]" in dynamic

@@ -1,10 +1,13 @@
 """Install paths build the CUDA library once, where the first call looks (CPU-only; skipped without nvcc or the
 CUTLASS / torch headers). Each test installs a copy of the project into a fresh virtual environment that sees this
 one's packages, with the build forced (OMNI_HF_BUILD_CUDA=1 works without a GPU) and cut down to one small source
-(OMNI_HF_BUILD_SOURCES) to stay fast, then asks the installed omni_hf which library its first call would load."""
+(OMNI_HF_BUILD_SOURCES) to stay fast, then asks the installed omni_hf which library its first call would load. The
+copy takes the files git would list, found without git (`project_files`), so the tests also run in a release tarball
+or an sdist."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import site
@@ -32,14 +35,53 @@ def project(tmp_path) -> Path:
         build.find_torch_include()
     except build.BuildError as err:
         pytest.skip(str(err))
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
     copy = tmp_path / "project"
-    for name in files:
-        if (ROOT / name).is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, copy / name)
+    for name in project_files(ROOT):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
     return copy
+
+
+def ignore_rules(root: Path) -> list[tuple[str, bool, bool]]:
+    """The root .gitignore as (glob, anchored at the root, folders only) rules; raises ValueError on a form this
+    reader does not take (negation, a slash inside the pattern)."""
+    path = root / ".gitignore"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    rules = []
+    for line in (raw.strip() for raw in lines):
+        if not line or line.startswith("#"):
+            continue
+        anchored, folder, pattern = line.startswith("/"), line.endswith("/"), line.strip("/")
+        if line.startswith("!") or "/" in pattern:
+            raise ValueError(f"{path}: the pattern {line!r} is beyond this reader (names and globs only)")
+        rules.append((pattern, anchored, folder))
+    return rules
+
+
+def project_files(root: Path) -> list[str]:
+    """The files of the project at ``root`` that git would list (tracked, or untracked and not ignored), relative
+    and sorted, found by walking the tree without git: ``.git`` and what the root .gitignore ignores left out."""
+    rules = ignore_rules(root)
+
+    def ignored(parts: tuple[str, ...], is_dir: bool) -> bool:
+        return parts[-1] == ".git" or any(fnmatch.fnmatch(parts[-1], pattern) and (is_dir or not folder)
+                                          and (len(parts) == 1 or not anchored) for pattern, anchored, folder in rules)
+
+    files = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder).relative_to(root).parts
+        dirs[:] = [d for d in dirs if not ignored((*here, d), True)]
+        files += [str(Path(*here, n)) for n in names if not ignored((*here, n), False)]
+    return sorted(files)
+
+
+def test_the_file_walk_lists_what_git_lists():
+    """In a git checkout, `project_files` agrees with ``git ls-files -co --exclude-standard`` (files that exist)."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout: nothing to compare the walk with")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert project_files(ROOT) == sorted(name for name in listed if (ROOT / name).is_file())
 
 
 def environment(tmp_path: Path) -> tuple[Path, dict]:
@@ -65,8 +107,8 @@ def pip(python: Path, env: dict, *args: str) -> None:
 
 def first_call_library(python: Path, env: dict, cwd: Path) -> Path:
     """The library the installed omni_hf would load first (resolving it builds nothing when one was installed)."""
-    out = subprocess.run([str(python), "-c", "from omni_hf.ops import library; print(library.library_path())"], env=env,
-                         cwd=cwd, capture_output=True, text=True, check=True)
+    out = subprocess.run([str(python), "-c", "from omni_hf.kernels import loader; print(loader.library_path())"],
+                         env=env, cwd=cwd, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
 
