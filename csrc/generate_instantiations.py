@@ -119,6 +119,7 @@ def table_header() -> str:
         "// 10 + minor) the sm_90a kernels run on and the lowest any kernel runs on, and X(head dim, block, bytes):\n"
         "// the shared memory per block of the sm_80 forward (by block_q) and backward (by block_kv), which their\n"
         "// launchers check. Python reads the same values from omni_hf/kernels/table.py.\n"
+        "// clang-format off: the generator lays out these lines\n"
         "#pragma once\n\n"
         + head_dims("OMNI_FOR_EACH_HEAD_DIM", None)
         + head_dims("OMNI_FOR_EACH_SM90_FWD_HEAD_DIM", "sm90", "fwd")

@@ -31,8 +31,8 @@ struct RowLanes {
 // grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
 // for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0.
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __grid_constant__ OmniBwdParams p,
-                                                                    const Workspace ws) {
+__global__ void __launch_bounds__(kRowThreads)
+    bwd_preprocess_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
   using Lanes = RowLanes<kHeadDim>;
   using Vec = cutlass::Array<Element, Lanes::kVec>;
   const OmniFwdParams& f = p.fwd;
@@ -44,8 +44,9 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
     const int i = blockIdx.y * kRowTile + r;
     float dot = 0.f;
     if (i < f.q_len && col < f.head_dim) {
-      const auto dout = to_float(*reinterpret_cast<const Vec*>(
-          static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b + h * p.dout.stride_h + i * p.dout.stride_s + col));
+      const auto dout =
+          to_float(*reinterpret_cast<const Vec*>(static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b +
+                                                 h * p.dout.stride_h + i * p.dout.stride_s + col));
       const auto out = to_float(*reinterpret_cast<const Vec*>(
           static_cast<const Element*>(f.out.ptr) + b * f.out.stride_b + h * f.out.stride_h + i * f.out.stride_s + col));
       CUTLASS_PRAGMA_UNROLL
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
 // grid (B * Hq, q_pad / 64): dq[b, h, i, :head_dim] = Element(scale * dq_accum[row, :head_dim]) for i < q_len,
 // with the strides of dq.
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __grid_constant__ OmniBwdParams p,
-                                                                    const Workspace ws) {
+__global__ void __launch_bounds__(kRowThreads)
+    bwd_convert_dq_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
   using Lanes = RowLanes<kHeadDim>;
   const int bh = blockIdx.x;
   const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
@@ -82,8 +83,8 @@ __global__ void __launch_bounds__(kRowThreads) bwd_convert_dq_kernel(const __gri
     const int i = blockIdx.y * kRowTile + r;
     if (i >= p.fwd.q_len) break;
     const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
-    cutlass::Array<float, Lanes::kVec> acc = *reinterpret_cast<const cutlass::Array<float, Lanes::kVec>*>(
-        ws.dq_accum + row * kHeadDim + col);
+    cutlass::Array<float, Lanes::kVec> acc =
+        *reinterpret_cast<const cutlass::Array<float, Lanes::kVec>*>(ws.dq_accum + row * kHeadDim + col);
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < Lanes::kVec; ++e) acc[e] *= p.fwd.scale;
     *reinterpret_cast<cutlass::Array<Element, Lanes::kVec>*>(static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b +

@@ -62,9 +62,7 @@ class ColumnWalk {
   }
 
  private:
-  __device__ BlockRow row(int g) const {
-    return block_row(mask_.q, b_, mask_.heads == 1 ? 0 : h_first_ + g, n_block_);
-  }
+  __device__ BlockRow row(int g) const { return block_row(mask_.q, b_, mask_.heads == 1 ? 0 : h_first_ + g, n_block_); }
   __device__ int count(int g) const {
     return mask_.kind == OMNI_MASK_BLOCKS ? row(g).count : implicit_column_span(mask_, n_block_, q_len_, kv_len_).count;
   }

@@ -68,7 +68,8 @@ __host__ __device__ inline BlockSpan implicit_column_span(const OmniMask& m, int
 
 // The type of block kb for query positions qpos_first .. qpos_last: FULL, CAUSAL, or PARTIAL by the token
 // rule (pool id -1, no ids: one document of text) where the window cuts it.
-__host__ __device__ inline int implicit_block_type(const OmniMask& m, int qpos_first, int qpos_last, int kb, int kv_len) {
+__host__ __device__ inline int implicit_block_type(const OmniMask& m, int qpos_first, int qpos_last, int kb,
+                                                   int kv_len) {
   if (m.kind == OMNI_MASK_FULL) return OMNI_FULL;
   const int k_first = kb * m.block_kv;
   const int k_last = min_int(k_first + m.block_kv, kv_len) - 1;
@@ -89,13 +90,13 @@ __host__ __device__ inline bool causal_allowed(int qpos, int j) { return qpos >=
 // PARTIAL blocks from the pool: ii, jj are the row and column inside the block.
 __host__ __device__ inline bool pool_allowed(const OmniMask& m, int p, int ii, int jj) {
   const int words = m.block_kv / 32;
-  const uint32_t word = static_cast<uint32_t>(m.partial_pool[(static_cast<int64_t>(p) * m.block_q + ii) * words + jj / 32]);
+  const uint32_t word =
+      static_cast<uint32_t>(m.partial_pool[(static_cast<int64_t>(p) * m.block_q + ii) * words + jj / 32]);
   return (word >> (jj % 32)) & 1u;
 }
 
 // PARTIAL blocks by the token rule, from the per-token ids of the query (at qpos) and the key (at j).
-__host__ __device__ inline bool token_allowed(int q_doc, int q_grp, int k_doc, int k_grp, int qpos, int j,
-                                              int window) {
+__host__ __device__ inline bool token_allowed(int q_doc, int q_grp, int k_doc, int k_grp, int qpos, int j, int window) {
   const bool causal_part = j <= qpos && (window <= 0 || qpos - j < window);
   const bool group_part = q_grp >= 0 && q_grp == k_grp;
   return q_doc >= 0 && q_doc == k_doc && (causal_part || group_part);

@@ -134,8 +134,7 @@ struct OnlineSoftmax {
 // c_rc: the fragment's (row, col) coordinates as (rows, cols); the quad's first thread (the one holding
 // column 0) writes for the quad.
 template <int kRows, class TC>
-__forceinline__ __device__ void store_lse(const TC& c_rc, const float (&lse)[kRows], float* lse_row,
-                                          int rows_valid) {
+__forceinline__ __device__ void store_lse(const TC& c_rc, const float (&lse)[kRows], float* lse_row, int rows_valid) {
   if (get<1>(c_rc(0, 0)) == 0) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -15,7 +15,7 @@ namespace omni {
 
 __forceinline__ __device__ void cp_async_4(int* smem_dst, const int* gmem_src) {
   cute::SM80_CP_ASYNC_CACHEALWAYS<uint32_t>::copy(*reinterpret_cast<const uint32_t*>(gmem_src),
-                                                   *reinterpret_cast<uint32_t*>(smem_dst));
+                                                  *reinterpret_cast<uint32_t*>(smem_dst));
 }
 
 // The token ids of batch b (NULL when absent).
@@ -53,8 +53,7 @@ __forceinline__ __device__ bool token_ranges_apply(const OmniMask& m, int b) {
 // last) pairs: the allowed keys of each position as a query (kAsKey false) or its allowed queries as a key.
 // Positions outside [0, kv_len) get the empty range (0, -1). Only where token_ranges_apply.
 template <int kCount, int kNThreads, bool kAsKey>
-__forceinline__ __device__ void stage_token_ranges(int* smem, const OmniMask& m, int b, int pos0, int kv_len,
-                                                   int tid) {
+__forceinline__ __device__ void stage_token_ranges(int* smem, const OmniMask& m, int b, int pos0, int kv_len, int tid) {
   CUTE_UNROLL
   for (int idx = tid; idx < kCount; idx += kNThreads) {
     const int pos = pos0 + idx;
@@ -64,7 +63,7 @@ __forceinline__ __device__ void stage_token_ranges(int* smem, const OmniMask& m,
     } else if (m.doc_ids != nullptr) {
       const int* src = m.token_ranges + 4 * (b * m.ids_stride_b + pos) + (kAsKey ? 2 : 0);
       cute::SM80_CP_ASYNC_CACHEALWAYS<uint64_t>::copy(*reinterpret_cast<const uint64_t*>(src),
-                                                       *reinterpret_cast<uint64_t*>(dst));
+                                                      *reinterpret_cast<uint64_t*>(dst));
     } else {  // all text of one document: the causal window
       const int reach = m.window > 0 ? m.window - 1 : kv_len;
       *dst = kAsKey ? make_int2(pos, reach < kv_len - 1 - pos ? pos + reach : kv_len - 1)

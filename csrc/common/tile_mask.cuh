@@ -66,8 +66,8 @@ __forceinline__ __device__ void token_bits(Bits& bits, const TC& c, const int* q
     bits.evaluate([&](int i) {
       const int ii = get<0>(c(i));
       const int jj = get<1>(c(i));
-      return token_allowed(q_ids[ii], q_ids[kRowsTile + ii], k_ids[jj], k_ids[kColsTile + jj], qpos0 + ii,
-                           col0 + jj, window_value);
+      return token_allowed(q_ids[ii], q_ids[kRowsTile + ii], k_ids[jj], k_ids[kColsTile + jj], qpos0 + ii, col0 + jj,
+                           window_value);
     });
   };
   if (window <= 0) {

@@ -68,14 +68,14 @@ struct DecodeTraits : Sm80Base<Element, kDim, 1> {
   using SmemLayoutKV =
       decltype(tile_to_shape(typename Base::SmemLayoutAtomHeadDim{}, Shape<Int<kTileKeys>, Int<kDim>, Int<kStages>>{}));
   // The ring's V tiles as [kDim, kTileKeys, kStages]: the B operand of P.V, read by ldmatrix.trans.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kDim>, Int<kTileKeys>, Int<kStages>>{},
-                                  make_stride(Int<kTileKeys>{}, _1{}, Int<kTileKeys * kDim>{}))));
-  using GmemTiledLoad = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
-      Layout<Shape<Int<kThreads / Base::kGmemThreadsPerRow>, Int<Base::kGmemThreadsPerRow>>,
-             Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
-      Layout<Shape<_1, _8>>{}));
+  using SmemLayoutVt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kDim>, Int<kTileKeys>, Int<kStages>>{},
+                                                       make_stride(Int<kTileKeys>{}, _1{}, Int<kTileKeys * kDim>{}))));
+  using GmemTiledLoad =
+      decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
+                               Layout<Shape<Int<kThreads / Base::kGmemThreadsPerRow>, Int<Base::kGmemThreadsPerRow>>,
+                                      Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
+                               Layout<Shape<_1, _8>>{}));
   static constexpr int kSmemKVElems = decltype(cosize(SmemLayoutKV{}))::value;
   static constexpr int kSmemQElems = decltype(cosize(SmemLayoutQ{}))::value;
   static constexpr int kSmemBytes = (kSmemQElems + 2 * kSmemKVElems) * sizeof(Element);
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const __grid_constant__
   auto load_thr = load_op.get_thread_slice(tid);
   const auto load_coord = load_thr.partition_S(make_identity_tensor(Shape<Int<kTileKeys>, Int<kDim>>{}));
   auto load_rows_of = [&](const OmniTensor& src, auto&& dst, int key0) {
-    const Element* ptr = static_cast<const Element*>(src.ptr) + b * src.stride_b + hk * src.stride_h +
-                         int64_t(key0) * src.stride_s;
+    const Element* ptr =
+        static_cast<const Element*>(src.ptr) + b * src.stride_b + hk * src.stride_h + int64_t(key0) * src.stride_s;
     Tensor g = make_tensor(make_gmem_ptr(ptr), Shape<Int<kTileKeys>, Int<kDim>>{}, make_stride(src.stride_s, _1{}));
     load_rows<kTileKeys, kDim>(load_op, load_thr.partition_S(g), load_thr.partition_D(dst), load_coord, key_end - key0,
                                p.head_dim);
@@ -321,16 +321,14 @@ int launch(const OmniFwdParams& p) {
 
 size_t workspace_bytes(const OmniFwdParams& p) {
   Plan plan{};
-  const int s = with_instantiation(p, [&](auto element, auto dim) {
-    return plan_for<decltype(element), decltype(dim)::value>(p, &plan);
-  });
+  const int s = with_instantiation(
+      p, [&](auto element, auto dim) { return plan_for<decltype(element), decltype(dim)::value>(p, &plan); });
   return s == OMNI_OK ? split_workspace_bytes(p, plan.slices) : 0;
 }
 
 int run(const OmniFwdParams& p) {
-  return with_instantiation(p, [&](auto element, auto dim) {
-    return launch<decltype(element), decltype(dim)::value>(p);
-  });
+  return with_instantiation(p,
+                            [&](auto element, auto dim) { return launch<decltype(element), decltype(dim)::value>(p); });
 }
 
 }  // namespace omni::decode

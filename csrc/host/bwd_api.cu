@@ -51,8 +51,9 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
 // The head dim was checked by check_call_params.
 template <typename Element>
 int run_bwd_head_dim(const OmniBwdParams& p, const Workspace& ws) {
-  return dispatch_head_dim(p.fwd.head_dim, [&](auto head_dim) { return run_bwd<Element, head_dim()>(p, ws); },
-                           [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.fwd.head_dim); });
+  return dispatch_head_dim(
+      p.fwd.head_dim, [&](auto head_dim) { return run_bwd<Element, head_dim()>(p, ws); },
+      [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.fwd.head_dim); });
 }
 
 }  // namespace

@@ -26,10 +26,12 @@ template <typename F>
 int dispatch_block(int size, F&& f) {
   switch (size) {
 #define OMNI_BLOCK_SIZE_CASE(B) \
-  case B: return f(std::integral_constant<int, B>{});
+  case B:                       \
+    return f(std::integral_constant<int, B>{});
     OMNI_FOR_EACH_BLOCK_SIZE(OMNI_BLOCK_SIZE_CASE)
 #undef OMNI_BLOCK_SIZE_CASE
-    default: return OMNI_ERR_BLOCK_SIZE;
+    default:
+      return OMNI_ERR_BLOCK_SIZE;
   }
 }
 
@@ -38,7 +40,8 @@ int dispatch_block(int size, F&& f) {
 // when head_dim is not a positive multiple of 8 (16-byte rows) up to the largest.
 constexpr int kernel_head_dim(int head_dim) {
   if (head_dim <= 0 || head_dim % 8 != 0) return 0;
-#define OMNI_AT_OR_ABOVE(D) if (head_dim <= D) return D;
+#define OMNI_AT_OR_ABOVE(D) \
+  if (head_dim <= D) return D;
   OMNI_FOR_EACH_HEAD_DIM(OMNI_AT_OR_ABOVE)
 #undef OMNI_AT_OR_ABOVE
   return 0;
@@ -72,10 +75,12 @@ template <typename F, typename G>
 auto dispatch_head_dim(int head_dim, F&& f, G&& otherwise) -> decltype(otherwise()) {
   switch (kernel_head_dim(head_dim)) {
 #define OMNI_HEAD_DIM_CASE(D) \
-  case D: return f(std::integral_constant<int, D>{});
+  case D:                     \
+    return f(std::integral_constant<int, D>{});
     OMNI_FOR_EACH_HEAD_DIM(OMNI_HEAD_DIM_CASE)
 #undef OMNI_HEAD_DIM_CASE
-    default: return otherwise();
+    default:
+      return otherwise();
   }
 }
 

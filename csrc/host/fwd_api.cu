@@ -26,8 +26,9 @@ int run_fwd(const OmniFwdParams& p) {
 // The head dim was checked by check_call_params.
 template <typename Element>
 int run_fwd_head_dim(const OmniFwdParams& p) {
-  return dispatch_head_dim(p.head_dim, [&](auto head_dim) { return run_fwd<Element, head_dim()>(p); },
-                           [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.head_dim); });
+  return dispatch_head_dim(
+      p.head_dim, [&](auto head_dim) { return run_fwd<Element, head_dim()>(p); },
+      [&] { return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d", p.head_dim); });
 }
 
 // The sm_90a forward's workspace: its work counter where it runs persistent 128- or 192-row CTAs (up to head dim

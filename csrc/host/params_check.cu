@@ -21,8 +21,8 @@ int check_shapes(const OmniFwdParams& p) {
   if (p.heads_q < 1 || p.heads_kv < 1 || p.heads_q % p.heads_kv != 0)
     return fail(OMNI_ERR_SHAPE, "heads_q=%d must be a positive multiple of heads_kv=%d", p.heads_q, p.heads_kv);
   if (p.mask.kind != OMNI_MASK_BLOCKS && p.mask.kind != OMNI_MASK_CAUSAL && p.mask.kind != OMNI_MASK_FULL)
-    return fail(OMNI_ERR_SHAPE, "mask.kind=%d; expected OMNI_MASK_BLOCKS (0), OMNI_MASK_CAUSAL (1) or OMNI_MASK_FULL (2)",
-                p.mask.kind);
+    return fail(OMNI_ERR_SHAPE,
+                "mask.kind=%d; expected OMNI_MASK_BLOCKS (0), OMNI_MASK_CAUSAL (1) or OMNI_MASK_FULL (2)", p.mask.kind);
   if (p.mask.kind != OMNI_MASK_BLOCKS && p.mask.heads != 1)
     return fail(OMNI_ERR_SHAPE, "mask.heads=%d; implicit masks (kind %d) have one head", p.mask.heads, p.mask.kind);
   if (p.mask.heads != 1 && p.mask.heads != p.heads_q)
@@ -78,8 +78,9 @@ int check_call_params(const OmniFwdParams& p) {
     return fail(OMNI_ERR_BLOCK_SIZE, "block_q=%d block_kv=%d; each must be " OMNI_BLOCK_SIZES_TEXT, p.mask.block_q,
                 p.mask.block_kv);
   if (kernel_head_dim(p.head_dim) == 0)
-    return fail(OMNI_ERR_HEAD_DIM, "head_dim=%d; expected a multiple of 8 up to the largest of the kernels' "
-                OMNI_HEAD_DIMS_TEXT, p.head_dim);
+    return fail(OMNI_ERR_HEAD_DIM,
+                "head_dim=%d; expected a multiple of 8 up to the largest of the kernels' " OMNI_HEAD_DIMS_TEXT,
+                p.head_dim);
   if (int s = check_shapes(p)) return s;
   if (int s = check_tensor(p.q, "q")) return s;
   if (int s = check_tensor(p.k, "k")) return s;

@@ -6,6 +6,7 @@
 // 10 + minor) the sm_90a kernels run on and the lowest any kernel runs on, and X(head dim, block, bytes):
 // the shared memory per block of the sm_80 forward (by block_q) and backward (by block_kv), which their
 // launchers check. Python reads the same values from omni_hf/kernels/table.py.
+// clang-format off: the generator lays out these lines
 #pragma once
 
 #define OMNI_FOR_EACH_HEAD_DIM(X) X(64) X(96) X(128) X(256)

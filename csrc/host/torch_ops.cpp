@@ -65,15 +65,17 @@ Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Tensor& 
 // contiguous. Mirrors omni_hf.ops.library.output_strides (the ops' fake implementations).
 Dims output_strides(const Tensor& t) {
   const int64_t heads = t.size(1), seq = t.size(2), dim = t.size(3);
-  if (t.stride(1) == dim && t.stride(2) == heads * dim && t.stride(3) == 1) return {seq * heads * dim, dim, heads * dim, 1};
+  if (t.stride(1) == dim && t.stride(2) == heads * dim && t.stride(3) == 1)
+    return {seq * heads * dim, dim, heads * dim, 1};
   return {heads * seq * dim, seq * dim, dim, 1};
 }
 
 // An uninitialised tensor shaped like [B, H, S, D] t, in t's dtype and in the layout output_strides gives.
 Tensor output_like(const Tensor& t) {
   const Dims strides = output_strides(t);
-  return empty({t.size(0), t.size(1), t.size(2), t.size(3)}, t.scalar_type() == ScalarType::BFloat16
-               ? aoti_torch_dtype_bfloat16() : aoti_torch_dtype_float16(), t, &strides);
+  return empty({t.size(0), t.size(1), t.size(2), t.size(3)},
+               t.scalar_type() == ScalarType::BFloat16 ? aoti_torch_dtype_bfloat16() : aoti_torch_dtype_float16(), t,
+               &strides);
 }
 
 // t itself when the kernels' 16-byte loads can read it (last dim contiguous, 16-byte aligned pointer and
@@ -122,7 +124,8 @@ void* pointer(const OptTensor& t, ScalarType type, const char* name, int32_t dev
 // the loads cannot read it: readable), k with q's batch and head dim, v shaped as k (their dtypes: element_dtype).
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   STD_TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: expected 4-d tensors [B, H, S, D]");
-  STD_TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v: expected the last dim contiguous");
+  STD_TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+                  "q, k, v: expected the last dim contiguous");
   STD_TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && k.get_device_index() == q.get_device_index() &&
                       v.get_device_index() == q.get_device_index(),
                   "q, k, v: expected tensors on one CUDA device");
@@ -142,9 +145,9 @@ void check_mask_extent(const OptTensor& num, const OptTensor& doc, const OptTens
   }
   for (const OptTensor* ids : {&doc, &grp}) {
     if (!ids->has_value()) continue;
-    STD_TORCH_CHECK((*ids)->dim() == 2 && ((*ids)->size(0) == 1 || (*ids)->size(0) == batch) &&
-                        (*ids)->size(1) == kv_len,
-                    "token ids: expected [1 or ", batch, ", kv_len=", kv_len, "]");
+    STD_TORCH_CHECK(
+        (*ids)->dim() == 2 && ((*ids)->size(0) == 1 || (*ids)->size(0) == batch) && (*ids)->size(1) == kv_len,
+        "token ids: expected [1 or ", batch, ", kv_len=", kv_len, "]");
   }
   STD_TORCH_CHECK(!doc.has_value() || !grp.has_value() || doc->size(0) == grp->size(0),
                   "token ids: expected doc_ids and group_ids of one batch");
@@ -159,7 +162,8 @@ OmniBlockList block_list(const OptTensor& num, const OptTensor& indices, const O
   list.types = static_cast<const int8_t*>(pointer(types, ScalarType::Char, "types", device));
   list.partial = static_cast<const int32_t*>(pointer(partial, ScalarType::Int, "partial", device));
   if (num.has_value() && indices.has_value()) {
-    STD_TORCH_CHECK(num->dim() == 3 && indices->dim() == 4, "block lists: expected num [B, H, rows] and lists "
+    STD_TORCH_CHECK(num->dim() == 3 && indices->dim() == 4,
+                    "block lists: expected num [B, H, rows] and lists "
                     "[B, H, rows, maxBlocks]");
     const int64_t batch = num->size(0), heads = num->size(1), rows = num->size(2);
     list.stride_b = batch == 1 ? 0 : heads * rows;
@@ -250,11 +254,10 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
   return {out, lse};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                                       OptTensor num, OptTensor indices, OptTensor types, OptTensor partial,
-                                       OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind,
-                                       int64_t block_q, int64_t block_kv, int64_t window, double scale,
-                                       double softcap) {
+std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, OptTensor num,
+                                       OptTensor indices, OptTensor types, OptTensor partial, OptTensor pool,
+                                       OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind, int64_t block_q,
+                                       int64_t block_kv, int64_t window, double scale, double softcap) {
   check_qkv(q, k, v);
   check_mask_extent(num, doc, grp, q, k);
   for (const Tensor* t : {&dout, &out}) {
@@ -274,9 +277,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   const Tensor q_in = readable(q), k_in = readable(k), v_in = readable(v), out_in = readable(out),
                dout_in = readable(dout);  // alive until the launches
   OmniBwdParams p{};
-  p.fwd = fwd_params(q_in, k_in, v_in, make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                                block_q, block_kv, window, false, q.get_device_index()), scale,
-                     softcap, stream);
+  p.fwd = fwd_params(q_in, k_in, v_in,
+                     make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
+                               false, q.get_device_index()),
+                     scale, softcap, stream);
   p.fwd.out = view4(out_in, "out");
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
@@ -344,14 +348,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
 extern "C" void omni_set_poison_outputs(int on) { g_poison_outputs = on != 0; }
 
 STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
-  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
-        "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
-        "int window, float scale, float softcap, Tensor? sinks) -> (Tensor, Tensor)");
-  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
-        "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
-        "int kind, int block_q, int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");
-  m.def("token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
+      "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
+      "int window, float scale, float softcap, Tensor? sinks) -> (Tensor, Tensor)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
+      "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
+      "int kind, int block_q, int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(omni_hf, CUDA, m) {

@@ -22,7 +22,8 @@ bool disabled_by_env() {
 bool hopper_can_read(const OmniFwdParams& p) {
   return !disabled_by_env() && compute_capability() == OMNI_SM90_CAPABILITY &&
          sm90::tma_compatible(p.q, p.batch, p.heads_q, p.q_len) &&
-         sm90::tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) && sm90::tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
+         sm90::tma_compatible(p.k, p.batch, p.heads_kv, p.kv_len) &&
+         sm90::tma_compatible(p.v, p.batch, p.heads_kv, p.kv_len);
 }
 
 }  // namespace

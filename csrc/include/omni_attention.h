@@ -90,38 +90,38 @@ typedef struct {
   // query position of it as a key (omni_hf/mask/token_ranges.py); INT32_MIN at every position of a batch row whose ids
   // do not allow ranges. Used only where doc_ids is given.
   const int32_t* token_ranges;
-  int32_t window;                 // sliding window of the causal part (token rule, OMNI_MASK_CAUSAL); <= 0: none
-  int32_t block_q, block_kv;      // 64 or 128 each
-  int32_t heads;                  // 1 or heads_q (the H of the lists above); 1 for implicit kinds
+  int32_t window;  // sliding window of the causal part (token rule, OMNI_MASK_CAUSAL); <= 0: none
+  int32_t block_q, block_kv;  // 64 or 128 each
+  int32_t heads;  // 1 or heads_q (the H of the lists above); 1 for implicit kinds
 } OmniMask;
 
 typedef struct {
-  int32_t dtype;                  // OmniDType, of q, k, v, out (and dout, dq, dk, dv)
+  int32_t dtype;  // OmniDType, of q, k, v, out (and dout, dq, dk, dv)
   // head_dim: D, a multiple of 8 up to the largest instantiated head dim; the kernels of the smallest instantiated
   // one at or above it run the call, reading the columns past D as zeros and writing only the first D
   int32_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
-  float scale;                    // applied to q.k before softcap
-  float softcap;                  // <= 0: none; else s = softcap * tanh(s / softcap)
+  float scale;  // applied to q.k before softcap
+  float softcap;  // <= 0: none; else s = softcap * tanh(s / softcap)
   // Per-query-head sink logits [heads_q] fp32 contiguous (natural log, on the scale of the scaled and capped
   // scores), or NULL: exp(sinks[h]) joins every row's softmax denominator and takes no value, so
   // lse = log(exp(sinks[h]) + sum_j exp(s_j)) and out = sum_j exp(s_j - lse) v_j. Read by the forward only: the
   // backward's P = exp(s - lse) already holds the sink.
   const float* sinks;
-  OmniTensor q, k, v;             // q [B, Hq, q_len, D]; k, v [B, Hkv, kv_len, D]; Hq % Hkv == 0
-  OmniTensor out;                 // [B, Hq, q_len, D], written by the forward
-  float* lse;                     // [B, Hq, q_len] fp32 contiguous, natural log; -inf for empty rows
+  OmniTensor q, k, v;  // q [B, Hq, q_len, D]; k, v [B, Hkv, kv_len, D]; Hq % Hkv == 0
+  OmniTensor out;  // [B, Hq, q_len, D], written by the forward
+  float* lse;  // [B, Hq, q_len] fp32 contiguous, natural log; -inf for empty rows
   OmniMask mask;
-  void* stream;                   // cudaStream_t
-  void* workspace;                // device memory of omni_fwd_workspace_bytes() (NULL when it is 0); no init
+  void* stream;  // cudaStream_t
+  void* workspace;  // device memory of omni_fwd_workspace_bytes() (NULL when it is 0); no init
   size_t workspace_bytes;
 } OmniFwdParams;
 
 typedef struct {
-  OmniFwdParams fwd;              // the forward's inputs, its out and its lse (read only here)
-  OmniTensor dout;                // [B, Hq, q_len, D]
-  OmniTensor dq;                  // [B, Hq, q_len, D]
-  OmniTensor dk, dv;              // [B, Hkv, kv_len, D] (summed over the query heads of each group)
-  void* workspace;                // device memory of omni_bwd_workspace_bytes(); contents need no init
+  OmniFwdParams fwd;  // the forward's inputs, its out and its lse (read only here)
+  OmniTensor dout;  // [B, Hq, q_len, D]
+  OmniTensor dq;  // [B, Hq, q_len, D]
+  OmniTensor dk, dv;  // [B, Hkv, kv_len, D] (summed over the query heads of each group)
+  void* workspace;  // device memory of omni_bwd_workspace_bytes(); contents need no init
   size_t workspace_bytes;
 } OmniBwdParams;
 
@@ -138,20 +138,20 @@ typedef struct {
 } OmniBlockListOut;
 
 typedef struct {
-  const int32_t* doc_ids;         // [B, kv_len] int32 contiguous, -1 = padding
-  const int32_t* group_ids;       // [B, kv_len] int32 contiguous, -1 = causal text
-  int32_t batch, q_len, kv_len;   // q_len <= kv_len: the queries are the last q_len positions
-  int32_t block_q, block_kv;      // 64 or 128 each
-  int32_t window;                 // <= 0: none
-  OmniBlockListOut kv;            // row view: per Q block its KV blocks
-  OmniBlockListOut q;             // column view: per KV block its Q blocks
-  int32_t* token_ranges;          // [B, kv_len, 4] int32 out (OmniMask::token_ranges), or NULL: not built
-  int32_t* workspace;             // int32 of the size given below, contents need no init
-  void* stream;                   // cudaStream_t
+  const int32_t* doc_ids;  // [B, kv_len] int32 contiguous, -1 = padding
+  const int32_t* group_ids;  // [B, kv_len] int32 contiguous, -1 = causal text
+  int32_t batch, q_len, kv_len;  // q_len <= kv_len: the queries are the last q_len positions
+  int32_t block_q, block_kv;  // 64 or 128 each
+  int32_t window;  // <= 0: none
+  OmniBlockListOut kv;  // row view: per Q block its KV blocks
+  OmniBlockListOut q;  // column view: per KV block its Q blocks
+  int32_t* token_ranges;  // [B, kv_len, 4] int32 out (OmniMask::token_ranges), or NULL: not built
+  int32_t* workspace;  // int32 of the size given below, contents need no init
+  void* stream;  // cudaStream_t
 } OmniTokenMaskParams;
 
 #define OMNI_TOKEN_SUMMARY_INTS 6  // per block: least id >= 0, greatest id, key; for docs, then groups
-#define OMNI_TOKEN_RANGE_CHUNK 2048    // positions per CTA of the token ranges' scans
+#define OMNI_TOKEN_RANGE_CHUNK 2048  // positions per CTA of the token ranges' scans
 #define OMNI_TOKEN_RANGE_SUMMARY_INTS 12  // per chunk of a row: what the other chunks need of it
 // Workspace of omni_build_token_mask: OMNI_TOKEN_SUMMARY_INTS * B * (nQ + nK) ints for the blocks, rounded up to a
 // multiple of 4, then (where token_ranges is asked for) OMNI_TOKEN_RANGE_SUMMARY_INTS * B * ceil(kv_len /

@@ -62,13 +62,13 @@ __device__ WarpItem warp_item(const Blocks& g, int batch) {
   const int per_row = g.num_q + g.num_kv;
   const int block = warp % per_row;
   const bool is_q = block < g.num_q;
-  return {warp, static_cast<int>(threadIdx.x % kWarp), warp / per_row, is_q, is_q ? block : block - g.num_q,
-          warp < batch * per_row};
+  return {warp, static_cast<int>(threadIdx.x % kWarp), warp / per_row,
+          is_q, is_q ? block : block - g.num_q,        warp < batch * per_row};
 }
 
 // Summaries of Q blocks cover the last q_len positions. Group ids count only where doc >= 0.
-__global__ void summarise_blocks(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids,
-                                 Blocks g, int batch, int32_t* __restrict__ workspace) {
+__global__ void summarise_blocks(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids, Blocks g,
+                                 int batch, int32_t* __restrict__ workspace) {
   const WarpItem item = warp_item(g, batch);
   if (!item.active) return;
   const int b = item.b, lane = item.lane, index = item.index;
@@ -102,8 +102,7 @@ __device__ BlockSummary load_summary(const int32_t* workspace, int64_t block) {
 
 // The OmniBlockType of (qb, kb): MASKED where no pair can be allowed, FULL / CAUSAL where the claim holds
 // for every in-range pair, PARTIAL otherwise (mask.py: _classify_token_blocks and _block_type).
-__device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const Blocks& g, int qb, int kb,
-                           int window) {
+__device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const Blocks& g, int qb, int kb, int window) {
   const bool docs_overlap = q.doc_least <= k.doc_greatest && k.doc_least <= q.doc_greatest;
   const bool groups_overlap = q.grp_least <= k.grp_greatest && k.grp_least <= q.grp_greatest;
   const bool one_doc = q.doc_key == k.doc_key;
@@ -120,8 +119,8 @@ __device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const B
 
 // A Q block's warp writes its row of the row view, a KV block's warp its row of the column view. Active
 // columns go first, ascending (a stable compaction by ballot).
-__global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int batch, int window,
-                            OmniBlockListOut kv, OmniBlockListOut q) {
+__global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int batch, int window, OmniBlockListOut kv,
+                            OmniBlockListOut q) {
   const WarpItem item = warp_item(g, batch);
   if (!item.active) return;
   const int b = item.b, lane = item.lane, row = item.index;
@@ -244,9 +243,9 @@ union RangeTemp {
 };
 
 // Grid (chunks, batch): chunk blockIdx.x of row blockIdx.y -> summaries[blockIdx.y * gridDim.x + blockIdx.x].
-__global__ void __launch_bounds__(kRangeThreads) summarise_chunks(const int32_t* __restrict__ doc_ids,
-                                                                  const int32_t* __restrict__ group_ids, int kv_len,
-                                                                  RangeChunk* __restrict__ summaries) {
+__global__ void __launch_bounds__(kRangeThreads)
+    summarise_chunks(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids, int kv_len,
+                     RangeChunk* __restrict__ summaries) {
   __shared__ ChunkIds chunk;
   __shared__ RangeTemp temp;
   const int64_t row = static_cast<int64_t>(blockIdx.y) * kv_len;
@@ -283,10 +282,9 @@ __global__ void __launch_bounds__(kRangeThreads) summarise_chunks(const int32_t*
 // Grid (chunks, batch), as summarise_chunks. The row's chunks give this one its carries (ends of the chunks after
 // it, starts of those before) and say whether the row's counted run ids increase; then a suffix scan of the ends
 // (threads take the chunk backwards) and a prefix scan of the starts give each position its runs.
-__global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __restrict__ doc_ids,
-                                                              const int32_t* __restrict__ group_ids, int kv_len,
-                                                              int window, const RangeChunk* __restrict__ summaries,
-                                                              int4* __restrict__ token_ranges) {
+__global__ void __launch_bounds__(kRangeThreads)
+    write_ranges(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids, int kv_len, int window,
+                 const RangeChunk* __restrict__ summaries, int4* __restrict__ token_ranges) {
   __shared__ ChunkIds chunk;
   __shared__ RangeTemp temp;
   __shared__ int2 lasts[OMNI_TOKEN_RANGE_CHUNK];  // last position of each position's document / group run
@@ -362,8 +360,8 @@ __global__ void __launch_bounds__(kRangeThreads) write_ranges(const int32_t* __r
     const int2 id = chunk.at(p), last = lasts[p - chunk.chunk0];
     const int grp_first = id.y >= 0 ? first.y : p, grp_last = id.y >= 0 ? last.y : p;
     const int causal_first = max(first.x, p - reach), causal_last = min(last.x, p + reach);
-    int4 range = make_int4(min(causal_first, grp_first), max(p, grp_last), min(p, grp_first),
-                           max(causal_last, grp_last));
+    int4 range =
+        make_int4(min(causal_first, grp_first), max(p, grp_last), min(p, grp_first), max(causal_last, grp_last));
     if (id.x < 0) range = make_int4(0, -1, 0, -1);  // padding: empty ranges
     out[p] = bad ? make_int4(INT_MIN, INT_MIN, INT_MIN, INT_MIN) : range;
   }
@@ -375,10 +373,10 @@ int check_token_mask_params(const OmniTokenMaskParams& p) {
   if (!supported_block_size(p.block_kv))
     return fail(OMNI_ERR_BLOCK_SIZE, "block_kv=%d; expected " OMNI_BLOCK_SIZES_TEXT, p.block_kv);
   if (p.batch < 0 || p.kv_len < 1 || p.q_len < 1 || p.q_len > p.kv_len)
-    return fail(OMNI_ERR_SHAPE, "batch=%d, q_len=%d, kv_len=%d; expected batch >= 0 and 1 <= q_len <= kv_len",
-                p.batch, p.q_len, p.kv_len);
-  const void* required[] = {p.doc_ids, p.group_ids, p.workspace, p.kv.num_blocks, p.kv.indices, p.kv.types,
-                            p.kv.partial, p.q.num_blocks, p.q.indices, p.q.types, p.q.partial};
+    return fail(OMNI_ERR_SHAPE, "batch=%d, q_len=%d, kv_len=%d; expected batch >= 0 and 1 <= q_len <= kv_len", p.batch,
+                p.q_len, p.kv_len);
+  const void* required[] = {p.doc_ids,    p.group_ids,    p.workspace, p.kv.num_blocks, p.kv.indices, p.kv.types,
+                            p.kv.partial, p.q.num_blocks, p.q.indices, p.q.types,       p.q.partial};
   for (const void* ptr : required)
     if (ptr == nullptr) return fail(OMNI_ERR_SHAPE, "a pointer of OmniTokenMaskParams is NULL");
   return OMNI_OK;
@@ -393,7 +391,11 @@ extern "C" int omni_build_token_mask(const OmniTokenMaskParams* params) {
   if (params == nullptr) return fail(OMNI_ERR_SHAPE, "params is NULL");
   const OmniTokenMaskParams& p = *params;
   if (int s = check_token_mask_params(p)) return s;
-  const Blocks g{p.q_len, p.kv_len, p.block_q, p.block_kv, (p.q_len + p.block_q - 1) / p.block_q,
+  const Blocks g{p.q_len,
+                 p.kv_len,
+                 p.block_q,
+                 p.block_kv,
+                 (p.q_len + p.block_q - 1) / p.block_q,
                  (p.kv_len + p.block_kv - 1) / p.block_kv};
   const int warps = p.batch * (g.num_q + g.num_kv);
   if (warps == 0) return OMNI_OK;

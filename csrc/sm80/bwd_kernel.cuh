@@ -145,9 +145,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   Tensor rA_sdp = make_tensor<Element>(partition_shape_A(mma_sdp, Shape<Int<kBlockM>, Int<kD>>{}));      // Q, dO
   Tensor rB_sdp = make_tensor<Element>(partition_shape_B(mma_sdp, Shape<Int<kBlockN>, Int<kD>>{}));      // K, V
   Tensor rA_dkv = make_tensor<Element>(partition_shape_A(mma_dkv, Shape<Int<kBlockN>, Int<kBlockM>>{}));  // P^T, dS^T
-  Tensor rB_dkv = make_tensor<Element>(partition_shape_B(mma_dkv, Shape<Int<kD>, Int<kBlockM>>{}));      // dO^T, Q^T
-  Tensor rA_dq = make_tensor<Element>(partition_shape_A(mma_dq, Shape<Int<kBlockM>, Int<kBlockN>>{}));    // dS
-  Tensor rB_dq = make_tensor<Element>(partition_shape_B(mma_dq, Shape<Int<kD>, Int<kBlockN>>{}));        // K^T
+  Tensor rB_dkv = make_tensor<Element>(partition_shape_B(mma_dkv, Shape<Int<kD>, Int<kBlockM>>{}));  // dO^T, Q^T
+  Tensor rA_dq = make_tensor<Element>(partition_shape_A(mma_dq, Shape<Int<kBlockM>, Int<kBlockN>>{}));  // dS
+  Tensor rB_dq = make_tensor<Element>(partition_shape_B(mma_dq, Shape<Int<kD>, Int<kBlockN>>{}));  // K^T
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
@@ -162,9 +162,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   // tiles[buf ^ 1] is the next tile (its loads are issued then); after the barrier thread 0 writes the one
   // after it into tiles[buf], the slot of the current tile, which every thread has read already. The
   // walk's global reads delay warp 0 only, and only when a new list entry starts.
-  auto column_walk = [&] {
-    return ColumnWalk<kBlockM>(f.mask, b, hkv * group, group, n_block, f.q_len, f.kv_len);
-  };
+  auto column_walk = [&] { return ColumnWalk<kBlockM>(f.mask, b, hkv * group, group, n_block, f.q_len, f.kv_len); };
   auto advance_walk = [&](QTile& slot) { slot = column_walk().next(sm.cursor); };
   if (tid == 0) {
     sm.cursor = column_walk().start();

@@ -30,9 +30,8 @@ int run_bwd_tiles(const OmniBwdParams& p, const bwd::Workspace& ws) {
 
   if (int s = bwd::launch_preprocess<Element, kHeadDim>(p, ws)) return s;
   if (main_grid.x > 0 && main_grid.y > 0) {
-    const int s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
-      return launch_main<Kt, softcap()>(p, ws, main_grid, stream);
-    });
+    const int s = dispatch_bool(f.softcap > 0.f,
+                                [&](auto softcap) { return launch_main<Kt, softcap()>(p, ws, main_grid, stream); });
     if (s != OMNI_OK) return s;
   }
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -53,9 +52,8 @@ int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
   if constexpr (kHeadDim > 128) {
     return run_bwd_tiles<Element, kHeadDim, 64>(p, ws);
   } else {
-    return dispatch_block(p.fwd.mask.block_kv, [&](auto block_kv) {
-      return run_bwd_tiles<Element, kHeadDim, block_kv()>(p, ws);
-    });
+    return dispatch_block(p.fwd.mask.block_kv,
+                          [&](auto block_kv) { return run_bwd_tiles<Element, kHeadDim, block_kv()>(p, ws); });
   }
 }
 

@@ -55,9 +55,14 @@ template <class TS, class TC, class Bits>
 __forceinline__ __device__ void mask_q_tile(TS& s, const TC& c, const QTile& tile, const TileCoords& at,
                                             const Bits& bits) {
   switch (tile.kind) {
-    case kTileFull: break;
-    case kTileColLimit: mask_col_limit(s, c, at.col_limit); break;
-    case kTileCausal: mask_causal(s, c, at.qpos0, at.col0); break;
+    case kTileFull:
+      break;
+    case kTileColLimit:
+      mask_col_limit(s, c, at.col_limit);
+      break;
+    case kTileCausal:
+      mask_causal(s, c, at.qpos0, at.col0);
+      break;
     default: {
       auto s_bits = bits_view(s);
       bits.apply(s_bits);

@@ -29,9 +29,9 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
   using TiledMmaDKV = TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>;
   // dQ = dS K, [kBlockM, kHeadDim]: 2 warps along M x 4 along D; at head dim 96, which is not whole 64-column
   // tiles (each warp reads 16 columns of K^T per ldmatrix.x4), 4 along M x 2 along D.
-  using TiledMmaDQ = conditional_t<kHeadDim % 64 == 0,
-                                   TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>,
-                                   TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>>;
+  using TiledMmaDQ =
+      conditional_t<kHeadDim % 64 == 0, TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>,
+                    TiledMMA<MmaAtom, Layout<Shape<_4, _2, _1>>, Tile<_64, _32, _16>>>;
 
   using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // Q, dO   [kBlockM, D]
   using SmemLayoutK = typename Base::template SmemLayoutRows<kBlockN>;   // K, V    [kBlockN, D]
@@ -39,9 +39,12 @@ struct Traits : Sm80Base<Element_, kHeadDim_, /*kNWarps=*/8> {
       decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   // Transposed views of the same bytes (read with ldmatrix.trans): Q^T, dO^T [D, kBlockM]; K^T [D, kBlockN];
   // P^T, dS^T [kBlockN, kBlockM].
-  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
-  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
-  using SmemLayoutPt = decltype(composition(SmemLayoutP{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutQt =
+      decltype(composition(SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutPt =
+      decltype(composition(SmemLayoutP{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
   // Shared memory of one CTA. Q, dO and the per-row data of a Q tile are double buffered so the next tile
   // loads while the current one computes; the rows' token ids are staged once the current tile's mask is

@@ -32,13 +32,12 @@ __forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int
 
 // Stages what the rule of a PARTIAL tile reads (its columns' token ids or its pool rows) into s_aux.
 template <class Traits>
-__forceinline__ __device__ void stage_tile_aux(int* s_aux, const KvTile& tile, const OmniFwdParams& p, int b,
-                                               int tid) {
+__forceinline__ __device__ void stage_tile_aux(int* s_aux, const KvTile& tile, const OmniFwdParams& p, int b, int tid) {
   const OmniMask& m = p.mask;
   if (tile.kind == kTileToken) {
     stage_token_ids<Traits::kBlockN, Traits::kNThreads>(s_aux, batch_ids(m.doc_ids, m.ids_stride_b, b),
-                                                        batch_ids(m.group_ids, m.ids_stride_b, b), tile.col0,
-                                                        p.kv_len, tid);
+                                                        batch_ids(m.group_ids, m.ids_stride_b, b), tile.col0, p.kv_len,
+                                                        tid);
   } else if (tile.kind == kTilePool) {
     stage_pool_rows<Traits::kBlockM, Traits::kPoolWords, Traits::kNThreads>(s_aux, m, tile.pool, 0,
                                                                             tile.col0 & (m.block_kv - 1), tid);
@@ -61,10 +60,17 @@ template <class TS, class TC, class Bits>
 __forceinline__ __device__ void mask_tile(TS& s, const TC& c, const KvTile& tile, const Bits& bits,
                                           const OmniFwdParams& p, int qpos0) {
   switch (tile.kind) {
-    case kTileFull: break;
-    case kTileColLimit: mask_col_limit(s, c, p.kv_len - tile.col0); break;
-    case kTileCausal: mask_causal(s, c, qpos0, tile.col0); break;
-    default: bits.apply(s); break;
+    case kTileFull:
+      break;
+    case kTileColLimit:
+      mask_col_limit(s, c, p.kv_len - tile.col0);
+      break;
+    case kTileCausal:
+      mask_causal(s, c, qpos0, tile.col0);
+      break;
+    default:
+      bits.apply(s);
+      break;
   }
 }
 

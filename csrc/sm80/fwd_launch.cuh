@@ -37,7 +37,8 @@ template <typename Element, int kHeadDim>
 int run_fwd(const OmniFwdParams& p) {
   return dispatch_block(p.mask.block_q, [&](auto block_m) {
     return dispatch_bool(p.softcap > 0.f, [&](auto softcap) {
-      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps<kHeadDim, block_m()>>, softcap()>(p);
+      return launch_fwd_kernel<FwdTraits<Element, kHeadDim, block_m(), kFwdBlockN, kFwdWarps<kHeadDim, block_m()>>,
+                               softcap()>(p);
     });
   });
 }

@@ -31,18 +31,17 @@ struct Sm80Base {
   static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
 
   // Warps stacked along M; each MMA atom covers 16 rows, so a warp owns rows w*16 + 16*kNWarps*i.
-  using TiledMma = TiledMMA<typename Sm80Mma<Element>::Atom, Layout<Shape<Int<kNWarps>, _1, _1>>,
-                            Tile<Int<16 * kNWarps>, _16, _16>>;
+  using TiledMma =
+      TiledMMA<typename Sm80Mma<Element>::Atom, Layout<Shape<Int<kNWarps>, _1, _1>>, Tile<Int<16 * kNWarps>, _16, _16>>;
 
   // 8 rows of 64 elements (128 bytes): Swizzle<3,3,3> permutes the eight 16-byte chunks of a row by row. A
   // [rows, kHeadDim] tile takes it where it divides the head dim, else (head dim 96) the same of 32 elements
   // (64 bytes), whose four chunks Swizzle<2,3,3> permutes.
-  using SmemLayoutAtom =
-      decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  using SmemLayoutAtom = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
   static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
-  using SmemLayoutAtomHeadDim = conditional_t<
-      kSmemRowElems == 64, SmemLayoutAtom,
-      decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}))>;
+  using SmemLayoutAtomHeadDim =
+      conditional_t<kSmemRowElems == 64, SmemLayoutAtom,
+                    decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}))>;
 
   // ldmatrix: x4 for row-major operands, x4.trans to read V as the B operand of P.V.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
@@ -52,13 +51,13 @@ struct Sm80Base {
 
   // gmem tiles move 16 bytes per thread per copy; a row chunk of one atom takes 8 (or 4) threads.
   static constexpr int kGmemThreadsPerRow = kSmemRowElems / 8;
-  using GmemThreadLayout = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
-                                  Stride<Int<kGmemThreadsPerRow>, _1>>;
+  using GmemThreadLayout =
+      Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>, Stride<Int<kGmemThreadsPerRow>, _1>>;
   // cp.async with zero fill: a false predicate writes zeros and reads nothing.
   using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
                                                  GmemThreadLayout{}, Layout<Shape<_1, _8>>{}));
-  using GmemTiledStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
-                                                  GmemThreadLayout{}, Layout<Shape<_1, _8>>{}));
+  using GmemTiledStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreadLayout{},
+                                                  Layout<Shape<_1, _8>>{}));
 
   // A [rows, kHeadDim] tile in smem.
   template <int kRows>
@@ -83,7 +82,7 @@ struct FwdTraits : Sm80Base<Element, kHeadDim, kNWarps> {
   // Shared memory: Q (reused for the output), K, V, the token ids of the rows, and the per-tile mask data
   // (the columns' token ids or the tile's pool rows, tile_aux.cuh).
   static constexpr int kPoolWords = kBlockN / 32;
-  static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
+  static constexpr int kAuxInts = 2 * kBlockN > kBlockM* kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemQIdsOffset = kSmemQBytes + 2 * kSmemKVBytes;

@@ -16,8 +16,8 @@ __forceinline__ __device__ auto retile(const TiledCopy&, T& t) {
 // acc += A . B^T with both operands in smem. tCrA/tCrB: MMA fragments (MMA, MMA_M|N, MMA_K);
 // tCsA/tCsB: the ldmatrix partitions of smem; copy_a/copy_b: the ldmatrix TiledCopy of each operand.
 template <class Acc, class TA, class TB, class TsA, class TsB, class Mma, class CopyA, class CopyB>
-__forceinline__ __device__ void gemm_ss(Acc& acc, TA& tCrA, TB& tCrB, const TsA& tCsA, const TsB& tCsB,
-                                        const Mma& mma, const CopyA& copy_a, const CopyB& copy_b) {
+__forceinline__ __device__ void gemm_ss(Acc& acc, TA& tCrA, TB& tCrB, const TsA& tCsA, const TsB& tCsB, const Mma& mma,
+                                        const CopyA& copy_a, const CopyB& copy_b) {
   auto tCrA_view = retile(copy_a, tCrA);
   auto tCrB_view = retile(copy_b, tCrB);
   copy(copy_a, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));

@@ -34,8 +34,8 @@ __forceinline__ __device__ void store_dq_slots(Acc& acc, float* lo, float* hi, i
   static_assert(Slots::kVecs % 2 == 0, "each half holds whole vectors of every thread");
   CUTE_UNROLL
   for (int j = 0; j < Slots::kVecs; ++j) {
-    float4* slot = reinterpret_cast<float4*>((j < Slots::kVecs / 2 ? lo : hi - Traits::kDqHalfFloats) +
-                                             Slots::slot(j, tid));
+    float4* slot =
+        reinterpret_cast<float4*>((j < Slots::kVecs / 2 ? lo : hi - Traits::kDqHalfFloats) + Slots::slot(j, tid));
     if constexpr (kAccumulate) {
       const float4 other = *slot;
       acc(4 * j) += other.x;
@@ -52,15 +52,15 @@ __forceinline__ __device__ void store_dq_slots(Acc& acc, float* lo, float* hi, i
 // of the same tiled MMA) into a row-major smem tile, whose rows are then stored as 16-byte vectors: a fragment's
 // pairs would write 16 bytes into each of 8 rows per warp store, half of every 32-byte sector.
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kDqThreads) bwd_convert_dq_kernel(
-    const __grid_constant__ OmniBwdParams p, const bwd::Workspace ws) {
+__global__ void __launch_bounds__(Traits::kDqThreads)
+    bwd_convert_dq_kernel(const __grid_constant__ OmniBwdParams p, const bwd::Workspace ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
   using Slots = DqSlots<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kRowStride = kHeadDim + 8;  // 16 bytes of padding: the 8 rows of one fragment store hit distinct banks
-  constexpr int kRowVecs = kHeadDim / 8;    // 16-byte vectors per row
+  constexpr int kRowVecs = kHeadDim / 8;  // 16-byte vectors per row
   __shared__ __align__(16) Element rows_s[kBlockM * kRowStride];
   const int ctid = threadIdx.x;
   const int bh = blockIdx.x;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kDqThreads) bwd_convert_dq_kernel(
       scaled[0] = pair[e][0] * p.fwd.scale;
       scaled[1] = pair[e][1] * p.fwd.scale;
       *reinterpret_cast<cutlass::Array<Element, 2>*>(rows_s + get<0>(c(4 * j + 2 * e)) * kRowStride +
-                                                      get<1>(c(4 * j + 2 * e))) =
+                                                     get<1>(c(4 * j + 2 * e))) =
           cutlass::NumericArrayConverter<Element, float, 2>{}(scaled);
     }
   }

@@ -139,8 +139,8 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
         };
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)),
                                         group_modes<0, 2>(tile_of(mQ)));
-        auto [tdOg, tdOs] = tma_partition(params.tma_dout, _0{}, Layout<_1>{},
-                                          group_modes<0, 2>(sdO(_, _, stage)), group_modes<0, 2>(tile_of(mdO)));
+        auto [tdOg, tdOs] = tma_partition(params.tma_dout, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO(_, _, stage)),
+                                          group_modes<0, 2>(tile_of(mdO)));
         Barrier::arrive_and_expect_tx(&s.full[stage], 2 * Traits::kRowTileBytes + 2 * Traits::kRowScalarBytes);
         copy(params.tma_q.with(s.full[stage]), tQg, tQs);
         copy(params.tma_dout.with(s.full[stage]), tdOg, tdOs);
@@ -176,8 +176,12 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
                                               const OmniMask& m, int kv_len, int qpos0, int col0, int jj0,
                                               const int* q_ids, const int* k_ids) {
   switch (tile.kind) {
-    case kTileColLimit: mask_col_limit(acc_s, c_t, kv_len - col0); break;
-    case kTileCausal: mask_causal(acc_s, c_t, qpos0, col0); break;
+    case kTileColLimit:
+      mask_col_limit(acc_s, c_t, kv_len - col0);
+      break;
+    case kTileCausal:
+      mask_causal(acc_s, c_t, qpos0, col0);
+      break;
     case kTileToken: {
       auto s_rc = rowcol(acc_s);
       mask_token_rule<Traits::kBlockN, Traits::kBlockM, true>(s_rc, rowcol(c), k_ids, q_ids, col0, qpos0, m.window);
@@ -191,7 +195,8 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
     case kTilePool:  // read in place (L1): pool tiles are rare next to the token rule's
       mask_pool(acc_s, c_t, pool_rows_view<Traits::kBlockM>(m, tile.pool, tile.ii0, jj0), kv_len - col0);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -211,8 +216,8 @@ __forceinline__ __device__ auto dkv_operands_a(const ThrDKV& thr_dkv, TP& rP, TP
 
 // The consumer warpgroups: the tiles of the walk (see the file comment), then dK and dV out.
 template <class Traits, bool kSoftcap, class Storage>
-__forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b,
-                                        int h_kv, int kv_block) {
+__forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b, int h_kv,
+                                        int kv_block) {
   using Element = typename Traits::Element;
   constexpr bool kWideHead = Traits::kWideHead;
   constexpr int kBlockM = Traits::kBlockM;
@@ -400,8 +405,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
 
   constexpr int kPerRow = row_vector_threads<kHeadDim, 32>();
   using StoreThreads = Layout<Shape<Int<kThreads / kPerRow>, Int<kPerRow>>, Stride<Int<kPerRow>, _1>>;
-  auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
-                                  Layout<Shape<_1, _8>>{});
+  auto store_op =
+      make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{}, Layout<Shape<_1, _8>>{});
   auto store_thr = store_op.get_thread_slice(ctid);
   const Tensor cKV = store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   auto rows_of = [&](const OmniTensor& t) {

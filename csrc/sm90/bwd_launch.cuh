@@ -19,7 +19,8 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
   const OmniFwdParams& f = p.fwd;
   const auto rows_box = take<0, 2>(typename Traits::SmemLayoutQ{});
   const BwdParams<Traits> params{
-      p, ws,
+      p,
+      ws,
       make_tma_load<Element>(f.q, f.batch, f.heads_q, f.q_len, f.head_dim, rows_box),
       make_tma_load<Element>(p.dout, f.batch, f.heads_q, f.q_len, f.head_dim, rows_box),
       make_tma_load<Element>(f.k, f.batch, f.heads_kv, f.kv_len, f.head_dim, typename Traits::SmemLayoutK{}),
@@ -38,9 +39,8 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
   if (int s = bwd::launch_preprocess<Element, kHeadDim>(p, ws)) return s;
-  return dispatch_bool(p.fwd.softcap > 0.f, [&](auto softcap) {
-    return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap()>(p, ws);
-  });
+  return dispatch_bool(p.fwd.softcap > 0.f,
+                       [&](auto softcap) { return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap()>(p, ws); });
 }
 
 }  // namespace omni::sm90

@@ -55,10 +55,9 @@ struct BwdTraits {
           GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kConsumerWGs>, Int<kBlockM>>,
                                GMMA::Major::K, GMMA::Major::MN>(),
           Layout<Shape<_1, Int<kConsumerWGs>, _1>>{})),
-      decltype(make_tiled_mma(
-          GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                               GMMA::Major::MN>(),
-          Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}))>;
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}))>;
   // dQ = dS K: [kBlockM, kHeadDim] over the CTA's keys; dS from shared memory with the rows contiguous, K seen
   // as K^T [kHeadDim, kBlockN]. Each consumer warpgroup takes a head-dim half, unless a half would start inside
   // a swizzle atom of K^T and run past it (head dim 96: halves of 48 columns, atoms of 32), which wgmma cannot
@@ -72,28 +71,27 @@ struct BwdTraits {
   static constexpr int kDqKeys = kDqSplitKeys ? kBlockN / kConsumerWGs : kBlockN;  // keys of one dQ GEMM
   static_assert(!(kDqSplitKeys && kWideHead), "the wide-head layout splits dQ by head dim");
   using TiledMmaDQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kDqWGs>, Int<kDqKeys>>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kDqWGs>, Int<kDqKeys>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kDqWGs>, _1>>{}));
 
   // Q and dO row tiles [kBlockM, kHeadDim, kStages] and K, V [kBlockN, kHeadDim] as TMA writes them: rows of
   // the head dim in 8-row swizzled atoms. The transposed views tile the MN-major atom along the rows first,
   // which is the same bytes (as the forward's V^T).
-  using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{},
-                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQ =
+      decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
-                                              Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
-                                              Step<_2, _1, _3>{}));
+                                              Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{}));
   using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  using SmemLayoutKt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
-                                              Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
+  using SmemLayoutKt =
+      decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{}, Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
   // dS [kBlockM, kBlockN] with the rows contiguous (the A operand of dQ), and dS^T [kBlockN, kBlockM] over the
   // same bytes as a K-major layout: the view the S^T-shaped registers are stored through and, with kWideHead,
   // the A operand of dK. P^T takes the same layout (kWideHead only).
-  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                              Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  using SmemLayoutdSt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutdSt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
   // The tile's dQ in fp32 as the dQ threads hold it (bwd_dq.cuh): kBlockM * kHeadDim floats in two halves,
   // each added to the workspace by one bulk reduction. Without kWideHead both halves are one block of
   // their own; with it the first half overwrites the stage's Q tile and the second its dO tile (each exactly

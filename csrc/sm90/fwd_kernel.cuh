@@ -71,8 +71,7 @@ __forceinline__ __device__ QTile make_q_tile(int index, int block_m, const OmniF
 // stage at a time as consumers free them; the ring continues across items (g0: how many tiles went through it).
 template <class Traits, class Params, class Storage>
 __forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h, int h_kv, const QTile& qt,
-                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles, bool ranged,
-                                        int g0) {
+                                        const KvTileWalker<Traits::kBlockN>& walker, int n_tiles, bool ranged, int g0) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -111,8 +110,7 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     const int stage = g % Traits::kStages;
     const int free_phase = ((g / Traits::kStages) & 1) ^ 1;  // a fresh barrier counts as freed once
     Barrier::wait(&s.k_empty[stage], free_phase);
-    KvTile tile =
-        KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qt.block_qpos0, p.kv_len), t, m.block_kv, p.kv_len);
+    KvTile tile = KvTileWalker<kBlockN>::decode(walker.fetch(m, t, qt.block_qpos0, p.kv_len), t, m.block_kv, p.kv_len);
     if (ranged && tile.kind == kTileToken) tile.kind = kTileTokenRanges;
     const int n = tile.col0 / kBlockN;
     if (lane == 0) {
@@ -141,12 +139,15 @@ template <class Traits, class TS, class TC>
 __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile& tile, const OmniFwdParams& p,
                                             int qpos0, const int* q_ids, const int* aux) {
   switch (tile.kind) {
-    case kTileColLimit: mask_col_limit(acc_s, c, p.kv_len - tile.col0); break;
-    case kTileCausal: mask_causal(acc_s, c, qpos0, tile.col0); break;
+    case kTileColLimit:
+      mask_col_limit(acc_s, c, p.kv_len - tile.col0);
+      break;
+    case kTileCausal:
+      mask_causal(acc_s, c, qpos0, tile.col0);
+      break;
     case kTileToken: {
       auto s_rc = rowcol(acc_s);
-      mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0,
-                                                         p.mask.window);
+      mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0, p.mask.window);
       break;
     }
     case kTileTokenRanges: {
@@ -278,13 +279,13 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
 
   constexpr int kPerRow = row_vector_threads<kHeadDim, 8>();
   using StoreThreads = Layout<Shape<Int<128 / kPerRow>, Int<kPerRow>>, Stride<Int<kPerRow>, _1>>;
-  auto store_op = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{},
-                                  Layout<Shape<_1, _8>>{});
+  auto store_op =
+      make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, StoreThreads{}, Layout<Shape<_1, _8>>{});
   auto store_thr = store_op.get_thread_slice(ctid % 128);
   const int wg_row0 = row0 + wg * 64;
   Tensor sO = local_tile(sO_all, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, _0{}));
-  Element* out = static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
-                 int64_t(wg_row0) * p.out.stride_s;
+  Element* out =
+      static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h + int64_t(wg_row0) * p.out.stride_s;
   Tensor gO = make_tensor(make_gmem_ptr(out), Shape<_64, Int<kHeadDim>>{}, make_stride(p.out.stride_s, _1{}));
   store_rows(store_op, store_thr.partition_S(sO), store_thr.partition_D(gO),
              store_thr.partition_S(make_identity_tensor(Shape<_64, Int<kHeadDim>>{})), p.q_len - wg_row0, p.head_dim);

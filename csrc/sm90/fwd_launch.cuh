@@ -39,10 +39,13 @@ int launch_fwd_kernel(const OmniFwdParams& p, int sms) {
   dim3 launch_grid = grid;
   if constexpr (Traits::kPersistent) {  // one CTA per SM and a zeroed work counter
     if (p.workspace == nullptr || p.workspace_bytes < kPersistentWorkspaceBytes) {
-      return fail(OMNI_ERR_WORKSPACE, "workspace of %zu bytes at %p; the persistent sm90 forward needs %zu (ask "
-                  "omni_fwd_workspace_bytes)", p.workspace_bytes, p.workspace, kPersistentWorkspaceBytes);
+      return fail(OMNI_ERR_WORKSPACE,
+                  "workspace of %zu bytes at %p; the persistent sm90 forward needs %zu (ask "
+                  "omni_fwd_workspace_bytes)",
+                  p.workspace_bytes, p.workspace, kPersistentWorkspaceBytes);
     }
-    if (int s = check_cuda(cudaMemsetAsync(p.workspace, 0, kPersistentWorkspaceBytes, stream), "work counter")) return s;
+    if (int s = check_cuda(cudaMemsetAsync(p.workspace, 0, kPersistentWorkspaceBytes, stream), "work counter"))
+      return s;
     launch_grid = dim3(static_cast<unsigned>(ctas < sms ? ctas : sms));
   }
   kernel<<<launch_grid, Traits::kNThreads, kSmem, stream>>>(params);

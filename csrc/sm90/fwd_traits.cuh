@@ -44,25 +44,24 @@ struct FwdTraits {
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<64>, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
   // O += P V: P from registers, V^T (kHeadDim x kBlockN) MN-major in smem.
-  using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<64>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  using TiledMmaPV =
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<Int<64>, Int<kHeadDim>, Int<kBlockN>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
 
   // Rows of the head dim in 8-row swizzled atoms of 64 (32 at head dim 96) elements, side by side.
   using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{},
-                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(KMajorAtom<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V is loaded exactly like K (key rows, head dim contiguous). Seen as V^T [kHeadDim, kBlockN] it is the
   // MN-major atom tiled along the keys first, which is the same bytes (fwd_traits_check in fwd_launch.cuh).
   using SmemLayoutV = SmemLayoutK;
   using SmemLayoutVt = decltype(tile_to_shape(MNMajorAtom<Element, kHeadDim>{},
-                                              Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                              Step<_2, _1, _3>{}));
+                                              Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
 
   // Per-tile mask data (tile_aux.cuh): the columns' [doc, grp] ids or the pool rows of the tile.
   static constexpr int kPoolWords = kBlockN / 32;
-  static constexpr int kAuxInts = 2 * kBlockN > kBlockM * kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
+  static constexpr int kAuxInts = 2 * kBlockN > kBlockM* kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
 
   // 128- and 192-row CTAs run persistent (one per SM, work items from a counter), with a separate buffer for the
   // output tile so the next item's Q can load during an epilogue; 64-row CTAs, and 128-row ones above head dim 128 (no

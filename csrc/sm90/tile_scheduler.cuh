@@ -39,7 +39,10 @@ template <int kBlockM, bool kPersistent>
 class FwdTileScheduler {
  public:
   __device__ FwdTileScheduler(const OmniFwdParams& p, int fold, int section)
-      : p_(p), tiles_((p.q_len + kBlockM - 1) / kBlockM), total_(int64_t(p.heads_q) * tiles_ * p.batch), fold_(fold),
+      : p_(p),
+        tiles_((p.q_len + kBlockM - 1) / kBlockM),
+        total_(int64_t(p.heads_q) * tiles_ * p.batch),
+        fold_(fold),
         section_(section) {}
 
   // The CTA's first rank.

@@ -31,10 +31,9 @@ __host__ inline bool tma_compatible(const OmniTensor& t, int batch, int heads, i
 // rows x the kernel's head dim). Columns past head_dim, like rows past len, arrive as zeros.
 template <typename Element, class SmemLayout>
 __host__ auto make_tma_load(const OmniTensor& t, int batch, int heads, int len, int head_dim, SmemLayout smem_layout) {
-  auto g = make_tensor(make_gmem_ptr(static_cast<const Element*>(t.ptr)),
-                       make_shape(len, head_dim, heads, batch),
-                       make_stride(tma_stride(t.stride_s, len), _1{}, tma_stride(t.stride_h, heads),
-                                   tma_stride(t.stride_b, batch)));
+  auto g = make_tensor(
+      make_gmem_ptr(static_cast<const Element*>(t.ptr)), make_shape(len, head_dim, heads, batch),
+      make_stride(tma_stride(t.stride_s, len), _1{}, tma_stride(t.stride_h, heads), tma_stride(t.stride_b, batch)));
   return make_tma_copy(SM90_TMA_LOAD{}, g, smem_layout);
 }
 
