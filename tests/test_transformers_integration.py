@@ -5,8 +5,10 @@ CUDA kernels). float32 must match the reference implementation to 1e-5 relative 
 a float32 reference and may be at most twice as far from it as the reference implementation itself is in bf16.
 """
 
+import ast
 import copy
 import dataclasses
+import pathlib
 from collections.abc import Callable
 
 import pytest
@@ -34,7 +36,7 @@ from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
 from omni_hf.integrations.transformers.packed_towers import PACKED
-from omni_hf.integrations.transformers.spec import block_mask_from_spec
+from omni_hf.integrations.transformers.layer_mask import block_mask_from_spec
 
 VOCAB, SEQ = 100, 24
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -155,6 +157,22 @@ def test_import_registers_omni_in_both_interfaces_and_register_is_idempotent():
         assert AttentionInterface()["omni"] is omni_attention_forward
         assert hf_masks.AttentionMaskInterface()["omni"] is omni_mask
         omni_hf.register()
+
+
+# The integration's modules in the one direction a call takes (inputs -> mask spec -> block mask -> op); each may
+# import only modules after it.
+IMPORT_ORDER = ["__init__", "attention", "layer_mask", "recognition", "spec"]
+
+
+def test_the_integration_imports_one_way_from_the_attention_function_to_the_spec():
+    """Imports inside functions included: a module imports none before it in the order of a call, nor itself."""
+    package = pathlib.Path(omni_hf.__file__).parent / "integrations" / "transformers"
+    for name in IMPORT_ORDER:
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = {node.module.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+        earlier = set(IMPORT_ORDER[:IMPORT_ORDER.index(name) + 1])
+        assert not imported & earlier, f"{name}.py imports {sorted(imported & earlier)}"
 
 
 def test_attention_dropout_raises_and_output_attentions_warns(caplog):

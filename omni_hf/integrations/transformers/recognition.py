@@ -5,16 +5,14 @@ rule they amount to. Functions it does not recognise give None; the spec is then
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import masking_utils
 from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
-if TYPE_CHECKING:
-    from .spec import OmniMaskSpec
+from .spec import OmniMaskSpec, key_slice
 
-__all__ = ["key_slice", "sliding_window", "token_rule_parts"]
+__all__ = ["sliding_window", "token_rule_parts"]
 
 _AND_CODE = masking_utils.and_masks().__code__
 _OR_CODE = masking_utils.or_masks().__code__
@@ -87,11 +85,3 @@ def _causal_or_block_ids(fn: Callable) -> torch.Tensor | None:
 
 def _closure(fn: Callable) -> dict:
     return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
-
-
-def key_slice(ids: torch.Tensor, kv_offset: int, kv_len: int, fill) -> torch.Tensor:
-    """Columns ``kv_offset : kv_offset + kv_len`` of per-position ``ids [B, L]``, padded with ``fill`` past ``L``."""
-    end = kv_offset + kv_len
-    if end > ids.shape[-1]:
-        ids = torch.nn.functional.pad(ids, (0, end - ids.shape[-1]), value=fill)
-    return ids[:, kv_offset:end]
