@@ -8,7 +8,10 @@ a float32 reference and may be at most twice as far from it as the reference imp
 import ast
 import copy
 import dataclasses
+import os
 import pathlib
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -20,7 +23,11 @@ from transformers import (
     AutoModelForImageTextToText,
     Gemma3Config,
     Gemma3TextConfig,
+    Gemma4TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
+    PreTrainedModel,
     Qwen2_5_VLVisionConfig,
     Qwen2Config,
     Qwen2VLVisionConfig,
@@ -28,15 +35,18 @@ from transformers import (
 )
 from transformers import masking_utils as hf_masks
 from transformers.cache_utils import DynamicCache, StaticCache
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5_vl_vision
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl_vision
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 import omni_hf
 from brute_force import naive_attention, relative_error, token_rule_dense
 from omni_hf import OmniBlockMask
-from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
+from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask, patches
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from omni_hf.integrations.transformers.layer_mask import block_mask_from_spec
+from omni_hf.ops.attention import MAX_HEAD_DIM
 
 VOCAB, SEQ = 100, 24
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -88,6 +98,12 @@ def gemma3_vlm_config():
                                 image_size=16, patch_size=4)
     return Gemma3Config(text_config=gemma3_text_config(), vision_config=vision, mm_tokens_per_image=4,
                         image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI)
+
+
+def gpt_oss_config():
+    return GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=2,
+                        num_experts_per_tok=1)
 
 
 def causal_lm(config):
@@ -173,6 +189,71 @@ def test_the_integration_imports_one_way_from_the_attention_function_to_the_spec
                     if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
         earlier = set(IMPORT_ORDER[:IMPORT_ORDER.index(name) + 1])
         assert not imported & earlier, f"{name}.py imports {sorted(imported & earlier)}"
+
+
+def vision_attention_forwards() -> dict[type, object]:
+    """The forward of each packed vision tower's attention class of Qwen2-VL and Qwen2.5-VL, as it is now."""
+    classes = (qwen2_vl_vision.VisionAttention, qwen2_5_vl_vision.Qwen2_5_VLVisionAttention)
+    return {cls: cls.forward for cls in classes}
+
+
+def test_patches_touch_only_models_that_choose_omni_and_register_without_patches_removes_them():
+    """Transformers' build check is wrapped, and packed towers' forwards only once a model of theirs chooses omni;
+    ``register(patch=False)`` restores both (the attention function still refuses what the build check would)."""
+    original_check = PreTrainedModel.get_correct_attn_implementation
+    try:
+        omni_hf.register(patch=False)
+        plain_check, plain_forwards = PreTrainedModel.get_correct_attn_implementation, vision_attention_forwards()
+        assert not patches.installed() and not hasattr(plain_check, "omni_original")
+        omni_hf.register()
+        assert patches.installed() and PreTrainedModel.get_correct_attn_implementation.omni_original is plain_check
+        build = lambda attn: Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
+                                                                                attn_implementation=attn)
+        build("sdpa")
+        assert vision_attention_forwards() == plain_forwards  # a model that does not choose omni: untouched
+        build("omni")
+        wrapped = vision_attention_forwards()
+        assert wrapped[qwen2_vl_vision.VisionAttention].__wrapped__ is plain_forwards[qwen2_vl_vision.VisionAttention]
+        omni_hf.register(patch=False)
+        assert vision_attention_forwards() == plain_forwards
+        assert PreTrainedModel.get_correct_attn_implementation is plain_check
+        model = GptOssForCausalLM._from_config(gpt_oss_config(), attn_implementation="omni")  # no check at build
+        with pytest.raises(ValueError, match=r"does not support attention sinks"):
+            model(tokens(1, 8))
+    finally:
+        omni_hf.register()
+    assert PreTrainedModel.get_correct_attn_implementation.omni_original is original_check.omni_original
+
+
+def test_the_environment_variable_opts_out_of_the_patches_at_import():
+    script = ("import omni_hf; from omni_hf.integrations.transformers import patches; "
+              "from transformers import AttentionInterface; print(patches.installed(), 'omni' in AttentionInterface())")
+    for value, expected in (("1", "False True"), ("0", "True True")):
+        env = {**os.environ, "OMNI_HF_NO_PATCH": value, "PYTHONPATH": str(pathlib.Path(omni_hf.__file__).parents[1])}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.split() == expected.split(), done.stderr
+
+
+@pytest.mark.parametrize("config, refused", [
+    (lambda: llama_config(head_dim=12), "attention layers at head dim 12"),
+    (lambda: llama_config(head_dim=MAX_HEAD_DIM + 8), f"attention layers at head dim {MAX_HEAD_DIM + 8}"),
+    (lambda: gemma3_text_config(head_dim=20), "sliding_attention layers at head dim 20, full_attention layers at "
+                                              "head dim 20"),
+    (lambda: Gemma4TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              global_head_dim=MAX_HEAD_DIM * 2, layer_types=["sliding_attention", "full_attention"],
+                              hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
+     f"full_attention layers at head dim {MAX_HEAD_DIM * 2}"),
+], ids=["not-a-multiple-of-8", "above-the-kernels", "gemma3-both-layer-types", "gemma4-global-layers"])
+def test_head_dims_the_op_refuses_are_refused_when_the_model_is_built_naming_the_layer_type(config, refused):
+    """Not at the first forward under the name `q`; the largest head dim the op takes builds (read from the op)."""
+    message = (rf'attn_implementation="omni": \w+ has {refused}; omni attention runs head dims that are multiples '
+               rf'of 8 up to {MAX_HEAD_DIM}. Use attn_implementation="sdpa"')
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_config(config(), attn_implementation="omni")
+    AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(llama_config(head_dim=MAX_HEAD_DIM), attn_implementation="omni")
+    assert model.config._attn_implementation == "omni"
 
 
 def test_attention_dropout_raises_and_output_attentions_warns(caplog):
