@@ -24,12 +24,18 @@ from transformers import (
     CLIPConfig,
     CLIPModel,
     CLIPVisionConfig,
+    DeepseekVLHybridConfig,
+    DeepseekVLHybridForConditionalGeneration,
+    FalconConfig,
+    FalconForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3Config,
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
     Gemma3TextConfig,
+    Gemma4Config,
+    Gemma4ForConditionalGeneration,
     GemmaConfig,
     GptOssConfig,
     GptOssForCausalLM,
@@ -66,7 +72,7 @@ from test_transformers_integration import assert_close_to_reference, models, pad
 CPU = torch.device("cpu")
 VOCAB = 100
 # special tokens at the top of the vocabulary; `text` draws below them
-IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO = 99, 98, 97, 96, 95, 94
+IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO, AUDIO, BOA, EOA = 99, 98, 97, 96, 95, 94, 93, 92, 91
 TEXT_TOKENS = 90
 KEY_BIAS = re.compile(r"\b(k_proj|key)\.bias$")
 
@@ -117,14 +123,15 @@ def outputs_and_grads(model, inputs: dict, select: Callable) -> tuple[list[torch
     return [out.detach() for out in outputs], grads
 
 
-def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager"):
+def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager",
+                        own: dict[str, str] | None = None):
     """omni against ``reference`` on one set of weights: the outputs ``select`` picks (real-token positions
     only: Transformers leaves rows of padding tokens arbitrary) and every parameter gradient, to 1e-5 relative
-    error. ``reaches``: the attention calls per module class that must reach omni in the forward."""
+    error. ``reaches``: the attention calls per module class that must reach omni in the forward. ``own``: the
+    towers (model class name) that keep their own attention under omni, and the implementation they run."""
     omni, ref, _ = models(build, CPU, reference)
-    for model, attn in ((omni, "omni"), (ref, reference)):  # every tower, not only the top-level config
-        implementations = {m.config._attn_implementation for m in model.modules() if hasattr(m, "config")}
-        assert implementations == {attn}, implementations
+    assert_implementations(omni, "omni", own or {})
+    assert_implementations(ref, reference, {})
     with omni_calls() as calls:
         got, grads = outputs_and_grads(omni, inputs, select)
     assert dict(calls) == reaches
@@ -134,6 +141,16 @@ def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str
     assert grads.keys() == ref_grads.keys() and grads
     for name in ref_grads:
         assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
+
+
+def assert_implementations(model: torch.nn.Module, attn: str, own: dict[str, str]):
+    """Every module's config names ``attn``, but those of the towers in ``own`` (by model class name) and their
+    modules, which name the implementation given there."""
+    own_configs = {id(m.config): own[type(m).__name__] for m in model.modules() if type(m).__name__ in own}
+    assert len(set(own_configs.values())) == len(set(own.values())), f"towers missing: {own}"
+    implementations = {(type(m).__name__, m.config._attn_implementation) for m in model.modules() if hasattr(m, "config")}
+    expected = {(type(m).__name__, own_configs.get(id(m.config), attn)) for m in model.modules() if hasattr(m, "config")}
+    assert implementations == expected, implementations - expected
 
 
 def joined_key_bias(grads: dict, name: str) -> torch.Tensor:
@@ -390,6 +407,88 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
                         logits_at(attention_mask.bool()), {"CLIPAttention": 2, "LlamaAttention": 2})
 
 
+# ---------------------------------------------------------------------- the newest VLM families
+
+
+def gemma4_config():
+    """Sliding layers of window 3, shorter than an image or a video frame (4 tokens each), so the window cuts into
+    them; global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked attention)."""
+    text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=3,
+                       layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
+                       vocab_size_per_layer_input=VOCAB, use_bidirectional_attention="vision", pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
+                  num_key_value_heads=2, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                 output_proj_dims=32, attention_chunk_size=4, attention_context_left=5)
+    return Gemma4Config(text_config=text_config, vision_config=vision, audio_config=audio, boi_token_id=BOI,
+                        eoi_token_id=EOI, image_token_id=IMAGE, video_token_id=VIDEO, boa_token_id=BOA,
+                        eoa_token_index=EOA, audio_token_id=AUDIO, tie_word_embeddings=False)
+
+
+def gemma4_patches(frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel patches ``[frames, 16, 48]`` of 4 x 4 patches (4 tokens after pooling) and their (x, y) positions."""
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(frames, -1, -1)
+    return randn(frames, 16, 48, seed=seed), positions
+
+
+def gemma4_batch(rows: int) -> dict:
+    """Row 0: an image and an audio clip (4 tokens each); row 1, padded 4 on the left: a video of two frames (4
+    tokens each, a timestamp token between them). ``rows`` 1 keeps row 0 alone."""
+    ids = text(2, 30, seed=30)
+    ids[0, 2:8] = torch.tensor([BOI] + [IMAGE] * 4 + [EOI])
+    ids[0, 10:16] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    ids[1, 5:11] = ids[1, 12:18] = torch.tensor([BOI] + [VIDEO] * 4 + [EOI])
+    pixel_values, image_position_ids = gemma4_patches(1, seed=31)
+    inputs = dict(input_ids=ids, attention_mask=padding([30, 26], 30, left=True), pixel_values=pixel_values,
+                  image_position_ids=image_position_ids, input_features=randn(1, 16, 8, seed=33),
+                  input_features_mask=torch.ones(1, 16, dtype=torch.bool))
+    if rows == 2:
+        videos, video_position_ids = gemma4_patches(2, seed=32)
+        inputs |= dict(pixel_values_videos=videos, video_position_ids=video_position_ids,
+                       num_frames_per_video=torch.tensor([2]))
+    else:
+        inputs |= dict(input_ids=ids[:1], attention_mask=inputs["attention_mask"][:1])
+    ids = inputs["input_ids"]
+    return inputs | dict(mm_token_type_ids=(ids == IMAGE) * 1 + (ids == VIDEO) * 2 + (ids == AUDIO) * 3)
+
+
+@pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
+def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows):
+    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
+    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec."""
+    inputs = gemma4_batch(rows)
+    assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()),
+                        {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+
+
+def deepseek_vl_hybrid_config():
+    """Llama text, a SigLIP low-resolution tower and a SAM high-resolution tower (windows of 4 patches, layer 1
+    global), whose vision layers pick their attention from SAM's own table."""
+    language = dict(llama_config().to_dict(), model_type="llama")
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=4)
+    sam = dict(model_type="sam_vision_model", hidden_size=32, output_channels=16, num_hidden_layers=2,
+               num_attention_heads=2, image_size=32, patch_size=4, window_size=4, global_attn_indexes=[1], mlp_dim=64,
+               num_pos_feats=16)
+    return DeepseekVLHybridConfig(text_config=language, vision_config=vision, high_res_vision_config=sam,
+                                  image_token_id=IMAGE)
+
+
+def test_deepseek_vl_hybrid_runs_sam_on_its_own_attention_and_the_rest_on_omni_like_eager():
+    """Sixteen image tokens per row, row 1 padded left; SAM's vision layers run sdpa (it has no "omni" entry)."""
+    input_ids = text(2, 24, seed=34)
+    input_ids[0, 2:18], input_ids[1, 6:22] = IMAGE, IMAGE
+    attention_mask = padding([24, 20], 24, left=True)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=randn(2, 3, 16, 16, seed=35),
+                  high_res_pixel_values=randn(2, 3, 32, 32, seed=36))
+    assert_omni_matches(from_config(DeepseekVLHybridForConditionalGeneration, deepseek_vl_hybrid_config()), inputs,
+                        logits_at(attention_mask.bool()), {"SiglipAttention": 1, "LlamaAttention": 2},
+                        own={"SamVisionModel": "sdpa"})
+
+
 # ---------------------------------------------------------------------- encoders
 
 
@@ -502,6 +601,14 @@ def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(mode
         assert re.search(refusal, str(error)), error
     else:  # a model whose layers never call the attention function: Transformers only warns, and keeps eager
         assert model.config._attn_implementation == "eager"
+
+
+def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass():
+    """Falcon picks its attention classes from its own table; as a tower it would run sdpa, as the model it is refused."""
+    config = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ValueError, match=r'FalconForCausalLM keeps attention of its own .*; use '
+                                         r'attn_implementation="sdpa"'):
+        FalconForCausalLM._from_config(config, attn_implementation="omni")
 
 
 @pytest.mark.parametrize("name, feature", [("s_aux", "attention sinks"), ("position_bias", "an additive position bias")])
