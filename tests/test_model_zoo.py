@@ -65,6 +65,7 @@ from transformers import (
 )
 
 import omni_hf
+from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import omni_attention_forward
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from test_transformers_integration import assert_close_to_reference, models, padding
@@ -410,11 +411,11 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
 # ---------------------------------------------------------------------- the newest VLM families
 
 
-def gemma4_config():
-    """Sliding layers of window 3, shorter than an image or a video frame (4 tokens each), so the window cuts into
-    them; global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked attention)."""
+def gemma4_config(window: int = 3):
+    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts into
+    them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked attention)."""
     text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=3,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=window,
                        layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
                        vocab_size_per_layer_input=VOCAB, use_bidirectional_attention="vision", pad_token_id=0)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
@@ -454,14 +455,37 @@ def gemma4_batch(rows: int) -> dict:
     return inputs | dict(mm_token_type_ids=(ids == IMAGE) * 1 + (ids == VIDEO) * 2 + (ids == AUDIO) * 3)
 
 
+@contextlib.contextmanager
+def mask_paths():
+    """Counts the block masks built from a mask spec, by path: "token rule" (recognised) or "tile by tile"."""
+    paths = collections.Counter()
+    builders = {"token rule": "from_token_ids", "tile by tile": "from_mask_fn"}
+    with pytest.MonkeyPatch.context() as patch:
+        for path, name in builders.items():
+            def counted(*args, _build=getattr(OmniBlockMask, name), _path=path, **kwargs):
+                paths[_path] += 1
+                return _build(*args, **kwargs)
+
+            patch.setattr(OmniBlockMask, name, counted)
+        yield paths
+
+
+@pytest.mark.parametrize("window, paths", [
+    (4, {"token rule": 2}),  # sliding layers: the token rule with the window, exact as no group is longer
+    (3, {"token rule": 1, "tile by tile": 1}),  # the window cuts into images: Transformers' mask, tile by tile
+], ids=["window-spares-images", "window-cuts-images"])
 @pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
-def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows):
+def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window, paths):
     """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
-    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec."""
+    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global
+    layers' mask (causal with padding) and the sliding layers' take the paths counted."""
     inputs = gemma4_batch(rows)
-    assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config()), inputs,
-                        logits_at(inputs["attention_mask"].bool()),
-                        {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(window)), inputs,
+                            logits_at(inputs["attention_mask"].bool()),
+                            {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2},
+                            own={"Gemma4AudioModel": "eager"})
+    assert dict(taken) == paths
 
 
 def deepseek_vl_hybrid_config():

@@ -618,6 +618,19 @@ def block_ids(device):
     return {"block_sequence_ids": ids.to(device)}
 
 
+def windowed_block_ids(length: int, long_image: bool):
+    """Gemma 4's sliding-layer mask: (causal or same image) and inside the window (5), over ``length`` positions;
+    images of 3 and 4 tokens, or one of 7 (longer than the window, which then cuts into it)."""
+    def extra(device):
+        ids = torch.full((B, length), -1)
+        ids[0, 3:6], ids[1, 8:12] = 0, 0
+        if long_image:
+            ids[0, 12:19] = 1
+        return {"or_mask_function": hf_masks.blockwise_overlay(ids.to(device)),
+                "and_mask_function": hf_masks.sliding_window_overlay(5)}
+    return extra
+
+
 def restarting_positions(device):
     return {"position_ids": torch.tensor([list(range(7)) + list(range(9)) + list(range(8))] * B, device=device)}
 
@@ -670,6 +683,13 @@ MASK_CASES = {
     "causal with image blocks": MaskCase(hf_masks.create_causal_mask, real=[22, 24], extra=block_ids),
     "sliding window with image blocks (tile by tile)": MaskCase(
         hf_masks.create_sliding_window_causal_mask, "sliding_attention", extra=block_ids),
+    "sliding window over causal or image blocks, left padding": MaskCase(
+        hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=False)),
+    "sliding window over causal or image blocks, an image longer than it (tile by tile)": MaskCase(
+        hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=True)),
+    "sliding window over causal or image blocks, chunked prefill, dynamic cache": MaskCase(
+        hf_masks.create_causal_mask, "sliding_attention", q_len=7, cache="dynamic", past=13, real=[16, 20],
+        extra=windowed_block_ids(20, long_image=False)),
     "causal or a model's function (tile by tile)": MaskCase(
         hf_masks.create_causal_mask, real=[22, 24], extra=lambda device: {"or_mask_function": prefix_lm}),
     "bidirectional, right padding": MaskCase(hf_masks.create_bidirectional_mask, real=[18, 24], left=False),
