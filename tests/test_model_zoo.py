@@ -39,12 +39,18 @@ from transformers import (
     GemmaConfig,
     GptOssConfig,
     GptOssForCausalLM,
-    LlamaConfig,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
     Llama4ForCausalLM,
     Llama4TextConfig,
+    LlamaConfig,
     LlamaForCausalLM,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     MistralConfig,
     MistralForCausalLM,
     ModernBertConfig,
@@ -55,6 +61,12 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     SiglipConfig,
     SiglipModel,
     SiglipVisionConfig,
@@ -511,6 +523,82 @@ def test_deepseek_vl_hybrid_runs_sam_on_its_own_attention_and_the_rest_on_omni_l
     assert_omni_matches(from_config(DeepseekVLHybridForConditionalGeneration, deepseek_vl_hybrid_config()), inputs,
                         logits_at(attention_mask.bool()), {"SiglipAttention": 1, "LlamaAttention": 2},
                         own={"SamVisionModel": "sdpa"})
+
+
+# The language model of the Qwen3-VL family's tests (interleaved 3-D rope sections of a 16-wide head) and their
+# vision tower (patches of 4 px, 2 x 2 merged).
+QWEN3_LANGUAGE = dict(QWEN_LANGUAGE, head_dim=16, rope_parameters={
+    "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+QWEN3_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+QWEN3_TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
+                    vision_end_token_id=VISION_END)
+LANGUAGE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+
+
+def qwen3_vl_config():
+    return Qwen3VLConfig(vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]), text_config=QWEN3_LANGUAGE,
+                         **QWEN3_TOKENS)
+
+
+def qwen3_vl_moe_config():
+    """Two of three experts per token (with one of two, the router's weight is 1 and its gradient rounding noise)."""
+    language = dict(QWEN3_LANGUAGE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=32,
+                    decoder_sparse_step=1)
+    return Qwen3VLMoeConfig(vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]), text_config=language,
+                            **QWEN3_TOKENS)
+
+
+def qwen3_5_config():
+    """A linear-attention (gated delta) layer, which keeps its own attention, then a full-attention layer."""
+    language = dict(QWEN3_LANGUAGE, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                    linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                    rope_parameters=dict(QWEN3_LANGUAGE["rope_parameters"], partial_rotary_factor=1.0))
+    return Qwen3_5Config(vision_config=QWEN3_VISION, text_config=language, **QWEN3_TOKENS)
+
+
+@pytest.mark.parametrize("model_class, config, reaches", [
+    (Qwen3VLForConditionalGeneration, qwen3_vl_config, {"Qwen3VLVisionAttention": 2, "Qwen3VLTextAttention": 2}),
+    (Qwen3VLMoeForConditionalGeneration, qwen3_vl_moe_config,
+     {"Qwen3VLMoeVisionAttention": 2, "Qwen3VLMoeTextAttention": 2}),
+    (Qwen3_5ForConditionalGeneration, qwen3_5_config, {"Qwen3_5VisionAttention": 2, "Qwen3_5Attention": 1}),
+], ids=["qwen3-vl", "qwen3-vl-moe", "qwen3.5"])
+def test_qwen3_vl_family_images_of_different_sizes_match_eager(model_class, config, reaches):
+    """The three images of the Qwen2-VL test through Qwen3-VL's packed vision tower (each layer one packed call)."""
+    inputs = qwen_image_batch(seed=40)
+    assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
+
+
+def image_rows(seed: int, tokens: int = 4) -> dict:
+    """Batch 2 of 24 tokens, ``tokens`` image tokens in each row, row 1 padded 4 on the left."""
+    input_ids = text(2, 24, seed=seed)
+    input_ids[0, 2:2 + tokens], input_ids[1, 8:8 + tokens] = IMAGE, IMAGE
+    return dict(input_ids=input_ids, attention_mask=padding([24, 20], 24, left=True))
+
+
+@pytest.mark.parametrize("model_class, config, pixels, reaches", [
+    (Mistral3ForConditionalGeneration,
+     lambda: Mistral3Config(vision_config=dict(TOWER, image_size=16, patch_size=4, head_dim=16),
+                            text_config=dict(LANGUAGE, model_type="mistral"), image_token_index=IMAGE,
+                            spatial_merge_size=2),
+     lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=42), image_sizes=torch.tensor([[16, 16], [16, 16]])),
+     {"PixtralAttention": 1, "MistralAttention": 2}),
+    (Idefics3ForConditionalGeneration,
+     lambda: Idefics3Config(vision_config=dict(TOWER, image_size=16, patch_size=4),
+                            text_config=dict(LANGUAGE, model_type="llama"), image_token_id=IMAGE, scale_factor=2),
+     lambda: dict(pixel_values=randn(2, 1, 3, 16, 16, seed=44)), {"Idefics3VisionAttention": 1, "LlamaAttention": 2}),
+    (InternVLForConditionalGeneration,
+     lambda: InternVLConfig(vision_config=dict(TOWER, image_size=[16, 16], patch_size=[4, 4]),
+                            text_config=dict(LANGUAGE, model_type="qwen2"), image_token_id=IMAGE,
+                            downsample_ratio=0.5),
+     lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=46)), {"InternVLVisionAttention": 1, "Qwen2Attention": 2}),
+], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl"])
+def test_vlms_with_a_tower_per_image_match_eager(model_class, config, pixels, reaches):
+    """One image of 16 patches (4 tokens after merging) per row, row 1 left-padded."""
+    inputs = image_rows(seed=41) | pixels()
+    assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
 
 
 # ---------------------------------------------------------------------- encoders
