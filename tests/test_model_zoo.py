@@ -39,6 +39,8 @@ from transformers import (
     GemmaConfig,
     GptOssConfig,
     GptOssForCausalLM,
+    HunYuanVLConfig,
+    HunYuanVLForConditionalGeneration,
     Idefics3Config,
     Idefics3ForConditionalGeneration,
     InternVLConfig,
@@ -61,6 +63,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen3OmniMoeThinkerConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLMoeConfig,
@@ -571,6 +575,29 @@ def test_qwen3_vl_family_images_of_different_sizes_match_eager(model_class, conf
     assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
 
 
+def qwen3_omni_thinker_config():
+    """Qwen3-Omni's thinker: a MoE language model (two of three experts), Qwen3-VL's vision tower and an audio
+    encoder (one layer over 32 mel frames: 4 audio tokens)."""
+    language = dict(QWEN3_LANGUAGE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=32,
+                    decoder_sparse_step=1)
+    audio = dict(num_mel_bins=8, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+                 output_dim=64, downsample_hidden_size=8, max_source_positions=64)
+    return Qwen3OmniMoeThinkerConfig(audio_config=audio, vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]),
+                                     text_config=language, audio_token_id=AUDIO, audio_start_token_id=BOA,
+                                     **QWEN3_TOKENS)
+
+
+def test_qwen3_omni_thinker_images_and_audio_match_eager():
+    """The three images of the Qwen2-VL test and, in row 0, an audio clip of 4 tokens."""
+    inputs = qwen_image_batch(seed=51)
+    inputs.pop("mm_token_type_ids")
+    inputs["input_ids"][0, 18:24] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    inputs |= dict(input_features=randn(1, 8, 32, seed=52), feature_attention_mask=torch.ones(1, 32, dtype=torch.long))
+    assert_omni_matches(from_config(Qwen3OmniMoeThinkerForConditionalGeneration, qwen3_omni_thinker_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"Qwen3OmniMoeAudioAttention": 1,
+                        "Qwen3OmniMoeVisionAttention": 2, "Qwen3OmniMoeThinkerTextAttention": 2})
+
+
 def image_rows(seed: int, tokens: int = 4) -> dict:
     """Batch 2 of 24 tokens, ``tokens`` image tokens in each row, row 1 padded 4 on the left."""
     input_ids = text(2, 24, seed=seed)
@@ -594,10 +621,22 @@ def image_rows(seed: int, tokens: int = 4) -> dict:
                             text_config=dict(LANGUAGE, model_type="qwen2"), image_token_id=IMAGE,
                             downsample_ratio=0.5),
      lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=46)), {"InternVLVisionAttention": 1, "Qwen2Attention": 2}),
-], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl"])
+    (HunYuanVLForConditionalGeneration,
+     lambda: HunYuanVLConfig(vision_config=dict(TOWER, patch_size=4, spatial_merge_size=2, temporal_patch_size=1,
+                                                text_hidden_size=64, out_hidden_size=64),
+                             text_config=dict(LANGUAGE, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                         "mrope_section": [2, 2, 2, 2]}),
+                             image_token_id=IMAGE, im_start_id=BOI, im_end_id=EOI, im_newline_id=VISION_END),
+     lambda: dict(pixel_values=randn(32, 48, seed=54), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]])),
+     {"HunYuanVLVisionAttention": 1, "HunYuanVLDenseV1Attention": 2}),
+], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl", "hunyuan-vl"])
 def test_vlms_with_a_tower_per_image_match_eager(model_class, config, pixels, reaches):
-    """One image of 16 patches (4 tokens after merging) per row, row 1 left-padded."""
-    inputs = image_rows(seed=41) | pixels()
+    """One image of 16 patches per row (4 tokens after merging; HunYuanVL: 8, with row ends and bounds), row 1
+    left-padded."""
+    hunyuan = model_class is HunYuanVLForConditionalGeneration
+    inputs = image_rows(seed=41, tokens=8 if hunyuan else 4) | pixels()
+    if hunyuan:  # its multimodal rope reads the image tokens' places
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).int()
     assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
 
 
