@@ -695,7 +695,7 @@ MASK_CASES = {
     "bidirectional, right padding": MaskCase(hf_masks.create_bidirectional_mask, real=[18, 24], left=False),
     "bidirectional sliding window (tile by tile)": MaskCase(
         hf_masks.create_bidirectional_sliding_window_mask, "sliding_attention"),
-    "cross-attention (tile by tile)": MaskCase(hf_masks.create_bidirectional_mask, q_len=7, encoder=11,
+    "cross-attention over a padded encoder": MaskCase(hf_masks.create_bidirectional_mask, q_len=7, encoder=11,
                                                real=[9, 11], left=False),
     "decode, dynamic cache": MaskCase(hf_masks.create_causal_mask, q_len=1, cache="dynamic", past=20, real=[15, 21]),
     "chunked prefill, dynamic cache": MaskCase(hf_masks.create_causal_mask, q_len=7, cache="dynamic", past=13,
@@ -743,6 +743,28 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     rows = case.query_rows(device)[:, None].expand(-1, HEADS_Q, -1)
     error = relative_error(out.transpose(1, 2)[rows], expected[rows])
     assert error < (2e-2 if low_precision(device) else 1e-5), error
+
+
+def test_pooling_cross_attention_over_padded_patches_is_built_from_the_key_padding_not_tile_by_tile(monkeypatch):
+    """Molmo2's image pooling: each pooled token (a batch row) is one query over its 2 x 2 patches, some of them
+    padding. Its mask is the key padding, built without evaluating Transformers' function."""
+    tokens, pool = 300, 4
+    valid = torch.rand(tokens, pool, generator=torch.Generator().manual_seed(5)) < 0.7
+    valid[:, 0] = True  # Molmo2 drops the pooled tokens with no patch
+    arguments = dict(inputs_embeds=torch.empty(tokens, 1, 0), attention_mask=valid,
+                     encoder_hidden_states=torch.empty(tokens, pool, 0))
+    config = mask_config()
+    config._attn_implementation = "omni"
+    spec = hf_masks.create_bidirectional_mask(config=config, **arguments)
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *args, **kwargs: pytest.fail("built tile by tile"))
+    block_mask, key_order = block_mask_from_spec(spec, torch.device("cpu"), None)
+    assert key_order is None and torch.equal(block_mask.to_dense()[:, 0, 0], valid)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(tokens, 2, 1, 16, generator=gen)
+    k, v = (torch.randn(tokens, 2, pool, 16, generator=gen) for _ in range(2))
+    out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=0.25)
+    expected, _ = naive_attention(q, k, v, valid[:, None, None], 0.25)
+    assert relative_error(out.transpose(1, 2), expected) < 1e-5
 
 
 LAYER_SHAPES = [  # (query heads, KV heads, head dim, scaling, softcap) of layers sharing one forward's spec

@@ -151,14 +151,17 @@ def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
     """The spec's mask without token ids where it needs none: plain causal or sliding-window attention over keys
     that are all real and bottom-right aligned (implicit), or bidirectional attention over keys that all hold
     something (implicit when all are real, else `OmniBlockMask.from_key_padding`: query rows are never masked,
-    which cross-attention needs); else None."""
+    which cross-attention needs); else None. Bidirectional keys all hold something where they end at the last
+    query, and also where the padding mask covers every key (cross-attention over a padded encoder: Molmo2's
+    pooling, one query over a few patches; Bart's decoder): a bidirectional mask does not read positions."""
     filled = spec.q_offset + spec.q_len - spec.kv_offset
-    if not isinstance(filled, int) or filled != spec.kv_len:
-        return None
+    aligned = isinstance(filled, int) and filled == spec.kv_len
     if spec.mask_function is bidirectional_mask_function:
-        if spec.padding_mask is None:
-            return OmniBlockMask.full(spec.q_len, spec.kv_len)
-        return OmniBlockMask.from_key_padding(spec.padding_mask, spec.q_len)
+        if spec.padding_mask is not None:
+            return OmniBlockMask.from_key_padding(spec.padding_mask, spec.q_len)
+        return OmniBlockMask.full(spec.q_len, spec.kv_len) if aligned else None
+    if not aligned:
+        return None
     if spec.padding_mask is not None:
         return None
     if spec.mask_function is causal_mask_function:
