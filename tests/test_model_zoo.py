@@ -165,8 +165,9 @@ def assert_implementations(model: torch.nn.Module, attn: str, own: dict[str, str
     modules, which name the implementation given there."""
     own_configs = {id(m.config): own[type(m).__name__] for m in model.modules() if type(m).__name__ in own}
     assert len(set(own_configs.values())) == len(set(own.values())), f"towers missing: {own}"
-    implementations = {(type(m).__name__, m.config._attn_implementation) for m in model.modules() if hasattr(m, "config")}
-    expected = {(type(m).__name__, own_configs.get(id(m.config), attn)) for m in model.modules() if hasattr(m, "config")}
+    configured = [m for m in model.modules() if hasattr(m, "config")]
+    implementations = {(type(m).__name__, m.config._attn_implementation) for m in configured}
+    expected = {(type(m).__name__, own_configs.get(id(m.config), attn)) for m in configured}
     assert implementations == expected, implementations - expected
 
 
@@ -428,12 +429,14 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
 
 
 def gemma4_config(window: int = 3):
-    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts into
-    them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked attention)."""
+    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts
+    into them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked
+    attention)."""
     text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=window,
-                       layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
-                       vocab_size_per_layer_input=VOCAB, use_bidirectional_attention="vision", pad_token_id=0)
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                       sliding_window=window, layer_types=["sliding_attention", "full_attention"],
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+                       use_bidirectional_attention="vision", pad_token_id=0)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
                   num_key_value_heads=2, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
     audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
@@ -755,7 +758,7 @@ def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(mode
 
 
 def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass():
-    """Falcon picks its attention classes from its own table; as a tower it would run sdpa, as the model it is refused."""
+    """Falcon picks its attention classes from its own table: as a tower it would run sdpa; as the model, refused."""
     config = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
     with pytest.raises(ValueError, match=r'FalconForCausalLM keeps attention of its own .*; use '
                                          r'attn_implementation="sdpa"'):

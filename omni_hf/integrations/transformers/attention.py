@@ -23,7 +23,7 @@ from .spec import OmniMaskSpec
 
 __all__ = ["omni_attention_forward"]
 
-logger = logging.get_logger(__name__)
+_logger = logging.get_logger(__name__)
 
 
 def omni_attention_forward(
@@ -81,7 +81,7 @@ def _check_kwargs(kwargs: dict) -> None:
         if kwargs.get(name) is not None:
             raise ValueError(f"`omni` attention does not support {feature}; use `eager` for this model.")
     if kwargs.get("output_attentions"):
-        logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
+        _logger.warning_once("`omni` attention does not return attention weights (`output_attentions=True`); "
                             "use `eager` to get them.")
 
 

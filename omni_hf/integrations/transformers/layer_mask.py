@@ -33,7 +33,7 @@ from ...mask.validation import check_ids_from_minus_one, describe_value
 from .recognition import sliding_window, token_rule_parts
 from .spec import OmniMaskSpec
 
-__all__ = ["block_mask_from_spec", "cu_segments", "layer_mask", "shared_mask_key"]
+__all__ = ["block_mask_from_spec", "layer_mask", "shared_mask_key"]
 
 
 def shared_mask_key(mask, query: torch.Tensor, key: torch.Tensor, sliding_window: int | None,
@@ -66,7 +66,7 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     batch, q_len, kv_len, device = query.shape[0], query.shape[2], key.shape[2], query.device
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if mask is None and (bounds := kwargs.get("cu_seq_lens_k")) is not None:  # a packed call (packed_towers.py)
-        doc = cu_segments(bounds, batch, q_len, kv_len, device)  # each sequence alone: an image, a window
+        doc = _cu_segments(bounds, batch, q_len, kv_len, device)  # each sequence alone: an image, a window
         groups = None if causal else torch.zeros_like(doc)  # bidirectional: each sequence one group
         return OmniBlockMask.from_token_ids(doc, groups, window=sliding_window), None
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
@@ -99,7 +99,8 @@ def _token_ids_kwarg(name: str, ids, minus_one: str, batch: int, kv_len: int, de
         return None
     if isinstance(ids, (list, tuple, np.ndarray)):
         ids = torch.as_tensor(np.asarray(ids))
-    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex \
+            or ids.dtype is torch.bool:
         raise TypeError(f"{name}: expected integer ids [B, kv_len] (a tensor, or a list converted to one), got "
                         f"{describe_value(ids)}")
     ids = ids[None] if ids.dim() == 1 else ids
@@ -125,7 +126,7 @@ def _check_block_mask_kwarg(block_mask, batch: int, q_len: int, kv_len: int) -> 
 
 def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
     """The spec's block mask (token rule where its function is recognised, else tile by tile) and key order."""
-    segments = None if cu_seq_lens_k is None else cu_segments(cu_seq_lens_k, spec.batch_size, spec.q_len,
+    segments = None if cu_seq_lens_k is None else _cu_segments(cu_seq_lens_k, spec.batch_size, spec.q_len,
                                                                 spec.kv_len, device)
     if segments is None and (implicit := _implicit_mask(spec)) is not None:
         return implicit, None
@@ -179,7 +180,7 @@ def _key_order(spec: OmniMaskSpec, device) -> torch.Tensor | None:
     return (torch.arange(spec.kv_len, device=device) + filled) % spec.kv_len
 
 
-def cu_segments(cu_seq_lens_k: torch.Tensor, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
+def _cu_segments(cu_seq_lens_k: torch.Tensor, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
     """The packed sequence of each key from ``cu_seq_lens_k``, -1 past the last one: int ``[1, kv_len]``."""
     if batch != 1 or q_len != kv_len:
         raise ValueError(f"cu_seq_lens_k: expected a flattened batch of one row and no cache, got batch {batch}, "

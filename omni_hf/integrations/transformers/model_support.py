@@ -31,7 +31,7 @@ from ...ops.attention import MAX_HEAD_DIM
 __all__ = ["OWN_ATTENTION", "UNSUPPORTED_FEATURES", "omni_choice", "own_attention", "unsupported_feature",
            "unsupported_head_dims"]
 
-logger = logging.get_logger(__name__)
+_logger = logging.get_logger(__name__)
 
 # Keyword arguments of a model's attention-function calls that omni attention cannot honour.
 UNSUPPORTED_FEATURES = {
@@ -54,7 +54,7 @@ def omni_choice(model_class: type, config, tower: bool) -> str:
             raise ValueError(f'attn_implementation="omni": {model_class.__name__} keeps attention of its own (it runs '
                              f'eager only, or picks its attention classes from a table of its own); use '
                              f'attn_implementation="{own}"')
-        logger.warning_once(f'attn_implementation="omni": {model_class.__name__} keeps attention of its own; it runs '
+        _logger.warning_once(f'attn_implementation="omni": {model_class.__name__} keeps attention of its own; it runs '
                             f'attn_implementation="{own}" (with the mask that one gets), the rest of the model omni')
         return own
     if (feature := unsupported_feature(model_class)) is not None:
