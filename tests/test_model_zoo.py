@@ -57,6 +57,8 @@ from transformers import (
     MistralForCausalLM,
     ModernBertConfig,
     ModernBertModel,
+    Molmo2Config,
+    Molmo2ForConditionalGeneration,
     PaliGemmaConfig,
     PaliGemmaForConditionalGeneration,
     Qwen2VLConfig,
@@ -599,6 +601,35 @@ def test_qwen3_omni_thinker_images_and_audio_match_eager():
     assert_omni_matches(from_config(Qwen3OmniMoeThinkerForConditionalGeneration, qwen3_omni_thinker_config()), inputs,
                         logits_at(inputs["attention_mask"].bool()), {"Qwen3OmniMoeAudioAttention": 1,
                         "Qwen3OmniMoeVisionAttention": 2, "Qwen3OmniMoeThinkerTextAttention": 2})
+
+
+def molmo2_config():
+    """A 2-layer vision tower over crops of 4 x 4 patches, pooled 2 x 2 by a cross-attention (one query per pooled
+    token over its patches) into 4 image tokens."""
+    vision = dict(TOWER, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, image_size=[16, 16], patch_size=4,
+                  num_position_embeddings=16)
+    adapter = dict(vision_feature_layer=[-1], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=64, text_hidden_size=64)
+    language = dict(LANGUAGE, additional_vocab_size=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=language, image_patch_id=IMAGE,
+                        image_start_token_id=BOI, image_end_token_id=EOI, low_res_image_start_token_id=VISION_START,
+                        frame_start_token_id=VISION_END, frame_end_token_id=VIDEO)
+
+
+def test_molmo2_pooling_cross_attention_over_padded_patches_matches_eager_and_is_not_built_tile_by_tile():
+    """One crop per row; one pooled token of each sees 2 of its 4 patches (the others are padding slots). The
+    pooling's mask is the key padding; the language model's the token rule; nothing is evaluated tile by tile."""
+    pooling = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, -1, -1], [10, 11, 14, 15]])
+    inputs = image_rows(seed=55) | dict(
+        pixel_values=randn(2, 16, 48, seed=56), image_grids=torch.tensor([[2, 2, 0, 0], [2, 2, 0, 0]]),
+        image_token_pooling=torch.cat([pooling, torch.where(pooling >= 0, pooling + 16, -1)]),
+        image_num_crops=torch.tensor([1, 1]))
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).long()
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Molmo2ForConditionalGeneration, molmo2_config()), inputs,
+                            logits_at(inputs["attention_mask"].bool()),
+                            {"Molmo2VisionAttention": 3, "Molmo2Attention": 2})
+    assert dict(taken) == {"token rule": 1}
 
 
 def image_rows(seed: int, tokens: int = 4) -> dict:
