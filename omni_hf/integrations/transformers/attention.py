@@ -17,7 +17,7 @@ import torch
 from transformers.utils import logging
 
 from ...ops.attention import PreparedCall, cast_for_autocast, prepare_call, run_call
-from .layer_mask import layer_mask, shared_mask_key
+from .layer_mask import layer_mask, shared_mask_source
 from .model_support import UNSUPPORTED_FEATURES
 from .spec import OmniMaskSpec
 
@@ -88,17 +88,20 @@ def _check_kwargs(kwargs: dict) -> None:
 def _prepared_call(module, query, key, value, mask, scaling, softcap, sliding_window, is_causal,
                    kwargs) -> tuple[PreparedCall, torch.Tensor | None]:
     """The call prepared for its block mask and the key order that mask assumes (`layer_mask`): the per-forward
-    cache. Layers sharing a spec share their mask (per `shared_mask_key`) and their prepared call (per mask, dtype,
-    shapes and scalars), so the mask is built, and the checks and backend choice run, once per forward."""
-    mask_key = shared_mask_key(mask, query, key, sliding_window, kwargs)
-    if mask_key is None:
+    cache. Layers sharing a spec share their mask (per `shared_mask_source`, device and sizes) and their prepared call
+    (per mask, dtype, shapes and scalars), so the mask is built, and the checks and backend choice run, once per
+    forward."""
+    source = shared_mask_source(mask, sliding_window, kwargs)
+    if source is None:
         block_mask, key_order = layer_mask(module, query, key, mask, sliding_window, is_causal, kwargs)
         return prepare_call(query, key, value, block_mask, scaling, softcap), key_order
     built = mask.built
-    call_key = (mask_key, query.dtype, query.shape, key.shape, scaling, softcap)
-    if call_key not in built:
+    call_key = (source, query.device, query.dtype, query.shape, key.shape, scaling, softcap)
+    prepared = built.get(call_key)
+    if prepared is None:
+        mask_key = (source, query.device, query.shape[0], query.shape[2], key.shape[2])
         if mask_key not in built:
             built[mask_key] = layer_mask(module, query, key, mask, sliding_window, is_causal, kwargs)
         block_mask, key_order = built[mask_key]
-        built[call_key] = prepare_call(query, key, value, block_mask, scaling, softcap), key_order
-    return built[call_key]
+        prepared = built[call_key] = prepare_call(query, key, value, block_mask, scaling, softcap), key_order
+    return prepared

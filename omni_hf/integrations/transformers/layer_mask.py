@@ -33,22 +33,21 @@ from ...mask.validation import check_ids_from_minus_one, describe_value
 from .recognition import sliding_window, token_rule_parts
 from .spec import OmniMaskSpec
 
-__all__ = ["block_mask_from_spec", "layer_mask", "shared_mask_key"]
+__all__ = ["block_mask_from_spec", "layer_mask", "shared_mask_source"]
 
 
-def shared_mask_key(mask, query: torch.Tensor, key: torch.Tensor, sliding_window: int | None,
-                    kwargs: dict) -> tuple | None:
-    """What `layer_mask` reads beside the forward's spec, so that the layers of one forward whose keys are equal
-    share one mask; None where the call carries no spec (nothing is shared: packed and encoder calls, which carry
-    none, build theirs per call, and cheaply)."""
+def shared_mask_source(mask, sliding_window: int | None, kwargs: dict):
+    """Which of the forward's shared inputs `layer_mask` reads for a call that carries the forward's spec: "block"
+    (an ``omni_block_mask``), ("ids", window) (the collator's ids, windowed per layer) or "spec"; layers of one
+    forward with equal sources and sizes share one mask. None where the call carries no spec (nothing is shared:
+    packed and encoder calls, which carry none, build theirs per call, and cheaply)."""
     if type(mask) is not OmniMaskSpec:
         return None
-    sizes = (query.shape[0], query.shape[2], key.shape[2], query.device)
     if kwargs.get("omni_block_mask") is not None:
-        return ("block", *sizes)
+        return "block"
     if kwargs.get("omni_doc_ids") is not None or kwargs.get("omni_group_ids") is not None:
-        return ("ids", sliding_window, *sizes)
-    return ("spec", *sizes)
+        return "ids", sliding_window
+    return "spec"
 
 
 def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, mask, sliding_window: int | None,
