@@ -1,4 +1,8 @@
-"""omni_hf: typed block-sparse attention for interleaved text / image sequences."""
+"""omni_hf: typed block-sparse attention for interleaved text / image sequences.
+
+Importing it registers ``attn_implementation="omni"`` with Transformers (`register`); what that changes in
+Transformers, and how to opt out, is stated in `omni_hf.integrations.transformers`.
+"""
 from importlib import metadata
 
 from .data import OmniCollator, VisionInputs

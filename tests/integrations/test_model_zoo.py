@@ -24,31 +24,55 @@ from transformers import (
     CLIPConfig,
     CLIPModel,
     CLIPVisionConfig,
+    DeepseekVLHybridConfig,
+    DeepseekVLHybridForConditionalGeneration,
+    FalconConfig,
+    FalconForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3Config,
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
     Gemma3TextConfig,
+    Gemma4Config,
+    Gemma4ForConditionalGeneration,
     GemmaConfig,
     GptOssConfig,
     GptOssForCausalLM,
-    LlamaConfig,
+    HunYuanVLConfig,
+    HunYuanVLForConditionalGeneration,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
     Llama4ForCausalLM,
     Llama4TextConfig,
+    LlamaConfig,
     LlamaForCausalLM,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     MistralConfig,
     MistralForCausalLM,
     ModernBertConfig,
     ModernBertModel,
+    Molmo2Config,
+    Molmo2ForConditionalGeneration,
     PaliGemmaConfig,
     PaliGemmaForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen3OmniMoeThinkerConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     SiglipConfig,
     SiglipModel,
     SiglipVisionConfig,
@@ -59,6 +83,7 @@ from transformers import (
 )
 
 import omni_hf
+from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import omni_attention_forward
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
@@ -66,7 +91,7 @@ from tests.helpers.model_checks import assert_close_to_reference, joined_key_bia
 CPU = torch.device("cpu")
 VOCAB = 100
 # special tokens at the top of the vocabulary; `text` draws below them
-IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO = 99, 98, 97, 96, 95, 94
+IMAGE, BOI, EOI, VISION_START, VISION_END, VIDEO, AUDIO, BOA, EOA = 99, 98, 97, 96, 95, 94, 93, 92, 91
 TEXT_TOKENS = 90
 
 
@@ -117,14 +142,15 @@ def outputs_and_grads(model, inputs: dict, select: Callable) -> tuple[list[torch
     return [out.detach() for out in outputs], grads
 
 
-def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager"):
+def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager",
+                        own: dict[str, str] | None = None):
     """omni against ``reference`` on one set of weights: the outputs ``select`` picks (real-token positions
     only: Transformers leaves rows of padding tokens arbitrary) and every parameter gradient, to 1e-5 relative
-    error. ``reaches``: the attention calls per module class that must reach omni in the forward."""
+    error. ``reaches``: the attention calls per module class that must reach omni in the forward. ``own``: the
+    towers (model class name) that keep their own attention under omni, and the implementation they run."""
     omni, ref, _ = models(build, CPU, reference)
-    for model, attn in ((omni, "omni"), (ref, reference)):  # every tower, not only the top-level config
-        implementations = {m.config._attn_implementation for m in model.modules() if hasattr(m, "config")}
-        assert implementations == {attn}, implementations
+    assert_implementations(omni, "omni", own or {})
+    assert_implementations(ref, reference, {})
     with omni_calls() as calls:
         got, grads = outputs_and_grads(omni, inputs, select)
     assert dict(calls) == reaches
@@ -134,6 +160,17 @@ def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str
     assert grads.keys() == ref_grads.keys() and grads
     for name in ref_grads:
         assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
+
+
+def assert_implementations(model: torch.nn.Module, attn: str, own: dict[str, str]):
+    """Every module's config names ``attn``, but those of the towers in ``own`` (by model class name) and their
+    modules, which name the implementation given there."""
+    own_configs = {id(m.config): own[type(m).__name__] for m in model.modules() if type(m).__name__ in own}
+    assert len(set(own_configs.values())) == len(set(own.values())), f"towers missing: {own}"
+    configured = [m for m in model.modules() if hasattr(m, "config")]
+    implementations = {(type(m).__name__, m.config._attn_implementation) for m in configured}
+    expected = {(type(m).__name__, own_configs.get(id(m.config), attn)) for m in configured}
+    assert implementations == expected, implementations - expected
 
 
 def logits_at(rows: torch.Tensor) -> Callable:
@@ -382,6 +419,253 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
                         logits_at(attention_mask.bool()), {"CLIPAttention": 2, "LlamaAttention": 2})
 
 
+# ---------------------------------------------------------------------- the newest VLM families
+
+
+def gemma4_config(window: int = 3):
+    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts
+    into them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked
+    attention)."""
+    text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                       sliding_window=window, layer_types=["sliding_attention", "full_attention"],
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+                       use_bidirectional_attention="vision", pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
+                  num_key_value_heads=2, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                 output_proj_dims=32, attention_chunk_size=4, attention_context_left=5)
+    return Gemma4Config(text_config=text_config, vision_config=vision, audio_config=audio, boi_token_id=BOI,
+                        eoi_token_id=EOI, image_token_id=IMAGE, video_token_id=VIDEO, boa_token_id=BOA,
+                        eoa_token_index=EOA, audio_token_id=AUDIO, tie_word_embeddings=False)
+
+
+def gemma4_patches(frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel patches ``[frames, 16, 48]`` of 4 x 4 patches (4 tokens after pooling) and their (x, y) positions."""
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(frames, -1, -1)
+    return randn(frames, 16, 48, seed=seed), positions
+
+
+def gemma4_batch(rows: int) -> dict:
+    """Row 0: an image and an audio clip (4 tokens each); row 1, padded 4 on the left: a video of two frames (4
+    tokens each, a timestamp token between them). ``rows`` 1 keeps row 0 alone."""
+    ids = text(2, 30, seed=30)
+    ids[0, 2:8] = torch.tensor([BOI] + [IMAGE] * 4 + [EOI])
+    ids[0, 10:16] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    ids[1, 5:11] = ids[1, 12:18] = torch.tensor([BOI] + [VIDEO] * 4 + [EOI])
+    pixel_values, image_position_ids = gemma4_patches(1, seed=31)
+    inputs = dict(input_ids=ids, attention_mask=padding([30, 26], 30, left=True), pixel_values=pixel_values,
+                  image_position_ids=image_position_ids, input_features=randn(1, 16, 8, seed=33),
+                  input_features_mask=torch.ones(1, 16, dtype=torch.bool))
+    if rows == 2:
+        videos, video_position_ids = gemma4_patches(2, seed=32)
+        inputs |= dict(pixel_values_videos=videos, video_position_ids=video_position_ids,
+                       num_frames_per_video=torch.tensor([2]))
+    else:
+        inputs |= dict(input_ids=ids[:1], attention_mask=inputs["attention_mask"][:1])
+    ids = inputs["input_ids"]
+    return inputs | dict(mm_token_type_ids=(ids == IMAGE) * 1 + (ids == VIDEO) * 2 + (ids == AUDIO) * 3)
+
+
+@contextlib.contextmanager
+def mask_paths():
+    """Counts the block masks built from a mask spec, by path: "token rule" (recognised) or "tile by tile"."""
+    paths = collections.Counter()
+    builders = {"token rule": "from_token_ids", "tile by tile": "from_mask_fn"}
+    with pytest.MonkeyPatch.context() as patch:
+        for path, name in builders.items():
+            def counted(*args, _build=getattr(OmniBlockMask, name), _path=path, **kwargs):
+                paths[_path] += 1
+                return _build(*args, **kwargs)
+
+            patch.setattr(OmniBlockMask, name, counted)
+        yield paths
+
+
+@pytest.mark.parametrize("window, paths", [
+    (4, {"token rule": 2}),  # sliding layers: the token rule with the window, exact as no group is longer
+    (3, {"token rule": 1, "tile by tile": 1}),  # the window cuts into images: Transformers' mask, tile by tile
+], ids=["window-spares-images", "window-cuts-images"])
+@pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
+def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window, paths):
+    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
+    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global
+    layers' mask (causal with padding) and the sliding layers' take the paths counted."""
+    inputs = gemma4_batch(rows)
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(window)), inputs,
+                            logits_at(inputs["attention_mask"].bool()),
+                            {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2},
+                            own={"Gemma4AudioModel": "eager"})
+    assert dict(taken) == paths
+
+
+def deepseek_vl_hybrid_config():
+    """Llama text, a SigLIP low-resolution tower and a SAM high-resolution tower (windows of 4 patches, layer 1
+    global), whose vision layers pick their attention from SAM's own table."""
+    language = dict(llama_config().to_dict(), model_type="llama")
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=4)
+    sam = dict(model_type="sam_vision_model", hidden_size=32, output_channels=16, num_hidden_layers=2,
+               num_attention_heads=2, image_size=32, patch_size=4, window_size=4, global_attn_indexes=[1], mlp_dim=64,
+               num_pos_feats=16)
+    return DeepseekVLHybridConfig(text_config=language, vision_config=vision, high_res_vision_config=sam,
+                                  image_token_id=IMAGE)
+
+
+def test_deepseek_vl_hybrid_runs_sam_on_its_own_attention_and_the_rest_on_omni_like_eager():
+    """Sixteen image tokens per row, row 1 padded left; SAM's vision layers run sdpa (it has no "omni" entry)."""
+    input_ids = text(2, 24, seed=34)
+    input_ids[0, 2:18], input_ids[1, 6:22] = IMAGE, IMAGE
+    attention_mask = padding([24, 20], 24, left=True)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=randn(2, 3, 16, 16, seed=35),
+                  high_res_pixel_values=randn(2, 3, 32, 32, seed=36))
+    assert_omni_matches(from_config(DeepseekVLHybridForConditionalGeneration, deepseek_vl_hybrid_config()), inputs,
+                        logits_at(attention_mask.bool()), {"SiglipAttention": 1, "LlamaAttention": 2},
+                        own={"SamVisionModel": "sdpa"})
+
+
+# The language model of the Qwen3-VL family's tests (interleaved 3-D rope sections of a 16-wide head) and their
+# vision tower (patches of 4 px, 2 x 2 merged).
+QWEN3_LANGUAGE = dict(QWEN_LANGUAGE, head_dim=16, rope_parameters={
+    "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+QWEN3_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+QWEN3_TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
+                    vision_end_token_id=VISION_END)
+LANGUAGE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+
+
+def qwen3_vl_config():
+    return Qwen3VLConfig(vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]), text_config=QWEN3_LANGUAGE,
+                         **QWEN3_TOKENS)
+
+
+def qwen3_vl_moe_config():
+    """Two of three experts per token (with one of two, the router's weight is 1 and its gradient rounding noise)."""
+    language = dict(QWEN3_LANGUAGE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=32,
+                    decoder_sparse_step=1)
+    return Qwen3VLMoeConfig(vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]), text_config=language,
+                            **QWEN3_TOKENS)
+
+
+def qwen3_5_config():
+    """A linear-attention (gated delta) layer, which keeps its own attention, then a full-attention layer."""
+    language = dict(QWEN3_LANGUAGE, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                    linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                    rope_parameters=dict(QWEN3_LANGUAGE["rope_parameters"], partial_rotary_factor=1.0))
+    return Qwen3_5Config(vision_config=QWEN3_VISION, text_config=language, **QWEN3_TOKENS)
+
+
+@pytest.mark.parametrize("model_class, config, reaches", [
+    (Qwen3VLForConditionalGeneration, qwen3_vl_config, {"Qwen3VLVisionAttention": 2, "Qwen3VLTextAttention": 2}),
+    (Qwen3VLMoeForConditionalGeneration, qwen3_vl_moe_config,
+     {"Qwen3VLMoeVisionAttention": 2, "Qwen3VLMoeTextAttention": 2}),
+    (Qwen3_5ForConditionalGeneration, qwen3_5_config, {"Qwen3_5VisionAttention": 2, "Qwen3_5Attention": 1}),
+], ids=["qwen3-vl", "qwen3-vl-moe", "qwen3.5"])
+def test_qwen3_vl_family_images_of_different_sizes_match_eager(model_class, config, reaches):
+    """The three images of the Qwen2-VL test through Qwen3-VL's packed vision tower (each layer one packed call)."""
+    inputs = qwen_image_batch(seed=40)
+    assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
+
+
+def qwen3_omni_thinker_config():
+    """Qwen3-Omni's thinker: a MoE language model (two of three experts), Qwen3-VL's vision tower and an audio
+    encoder (one layer over 32 mel frames: 4 audio tokens)."""
+    language = dict(QWEN3_LANGUAGE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=32,
+                    decoder_sparse_step=1)
+    audio = dict(num_mel_bins=8, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+                 output_dim=64, downsample_hidden_size=8, max_source_positions=64)
+    return Qwen3OmniMoeThinkerConfig(audio_config=audio, vision_config=dict(QWEN3_VISION, deepstack_visual_indexes=[0]),
+                                     text_config=language, audio_token_id=AUDIO, audio_start_token_id=BOA,
+                                     **QWEN3_TOKENS)
+
+
+def test_qwen3_omni_thinker_images_and_audio_match_eager():
+    """The three images of the Qwen2-VL test and, in row 0, an audio clip of 4 tokens."""
+    inputs = qwen_image_batch(seed=51)
+    inputs.pop("mm_token_type_ids")
+    inputs["input_ids"][0, 18:24] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    inputs |= dict(input_features=randn(1, 8, 32, seed=52), feature_attention_mask=torch.ones(1, 32, dtype=torch.long))
+    assert_omni_matches(from_config(Qwen3OmniMoeThinkerForConditionalGeneration, qwen3_omni_thinker_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"Qwen3OmniMoeAudioAttention": 1,
+                        "Qwen3OmniMoeVisionAttention": 2, "Qwen3OmniMoeThinkerTextAttention": 2})
+
+
+def molmo2_config():
+    """A 2-layer vision tower over crops of 4 x 4 patches, pooled 2 x 2 by a cross-attention (one query per pooled
+    token over its patches) into 4 image tokens."""
+    vision = dict(TOWER, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, image_size=[16, 16], patch_size=4,
+                  num_position_embeddings=16)
+    adapter = dict(vision_feature_layer=[-1], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=64, text_hidden_size=64)
+    language = dict(LANGUAGE, additional_vocab_size=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=language, image_patch_id=IMAGE,
+                        image_start_token_id=BOI, image_end_token_id=EOI, low_res_image_start_token_id=VISION_START,
+                        frame_start_token_id=VISION_END, frame_end_token_id=VIDEO)
+
+
+def test_molmo2_pooling_cross_attention_over_padded_patches_matches_eager_and_is_not_built_tile_by_tile():
+    """One crop per row; one pooled token of each sees 2 of its 4 patches (the others are padding slots). The
+    pooling's mask is the key padding; the language model's the token rule; nothing is evaluated tile by tile."""
+    pooling = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, -1, -1], [10, 11, 14, 15]])
+    inputs = image_rows(seed=55) | dict(
+        pixel_values=randn(2, 16, 48, seed=56), image_grids=torch.tensor([[2, 2, 0, 0], [2, 2, 0, 0]]),
+        image_token_pooling=torch.cat([pooling, torch.where(pooling >= 0, pooling + 16, -1)]),
+        image_num_crops=torch.tensor([1, 1]))
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).long()
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Molmo2ForConditionalGeneration, molmo2_config()), inputs,
+                            logits_at(inputs["attention_mask"].bool()),
+                            {"Molmo2VisionAttention": 3, "Molmo2Attention": 2})
+    assert dict(taken) == {"token rule": 1}
+
+
+def image_rows(seed: int, tokens: int = 4) -> dict:
+    """Batch 2 of 24 tokens, ``tokens`` image tokens in each row, row 1 padded 4 on the left."""
+    input_ids = text(2, 24, seed=seed)
+    input_ids[0, 2:2 + tokens], input_ids[1, 8:8 + tokens] = IMAGE, IMAGE
+    return dict(input_ids=input_ids, attention_mask=padding([24, 20], 24, left=True))
+
+
+@pytest.mark.parametrize("model_class, config, pixels, reaches", [
+    (Mistral3ForConditionalGeneration,
+     lambda: Mistral3Config(vision_config=dict(TOWER, image_size=16, patch_size=4, head_dim=16),
+                            text_config=dict(LANGUAGE, model_type="mistral"), image_token_index=IMAGE,
+                            spatial_merge_size=2),
+     lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=42), image_sizes=torch.tensor([[16, 16], [16, 16]])),
+     {"PixtralAttention": 1, "MistralAttention": 2}),
+    (Idefics3ForConditionalGeneration,
+     lambda: Idefics3Config(vision_config=dict(TOWER, image_size=16, patch_size=4),
+                            text_config=dict(LANGUAGE, model_type="llama"), image_token_id=IMAGE, scale_factor=2),
+     lambda: dict(pixel_values=randn(2, 1, 3, 16, 16, seed=44)), {"Idefics3VisionAttention": 1, "LlamaAttention": 2}),
+    (InternVLForConditionalGeneration,
+     lambda: InternVLConfig(vision_config=dict(TOWER, image_size=[16, 16], patch_size=[4, 4]),
+                            text_config=dict(LANGUAGE, model_type="qwen2"), image_token_id=IMAGE,
+                            downsample_ratio=0.5),
+     lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=46)), {"InternVLVisionAttention": 1, "Qwen2Attention": 2}),
+    (HunYuanVLForConditionalGeneration,
+     lambda: HunYuanVLConfig(vision_config=dict(TOWER, patch_size=4, spatial_merge_size=2, temporal_patch_size=1,
+                                                text_hidden_size=64, out_hidden_size=64),
+                             text_config=dict(LANGUAGE, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                         "mrope_section": [2, 2, 2, 2]}),
+                             image_token_id=IMAGE, im_start_id=BOI, im_end_id=EOI, im_newline_id=VISION_END),
+     lambda: dict(pixel_values=randn(32, 48, seed=54), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]])),
+     {"HunYuanVLVisionAttention": 1, "HunYuanVLDenseV1Attention": 2}),
+], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl", "hunyuan-vl"])
+def test_vlms_with_a_tower_per_image_match_eager(model_class, config, pixels, reaches):
+    """One image of 16 patches per row (4 tokens after merging; HunYuanVL: 8, with row ends and bounds), row 1
+    left-padded."""
+    hunyuan = model_class is HunYuanVLForConditionalGeneration
+    inputs = image_rows(seed=41, tokens=8 if hunyuan else 4) | pixels()
+    if hunyuan:  # its multimodal rope reads the image tokens' places
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).int()
+    assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
+
+
 # ---------------------------------------------------------------------- encoders
 
 
@@ -494,6 +778,14 @@ def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(mode
         assert re.search(refusal, str(error)), error
     else:  # a model whose layers never call the attention function: Transformers only warns, and keeps eager
         assert model.config._attn_implementation == "eager"
+
+
+def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass():
+    """Falcon picks its attention classes from its own table: as a tower it would run sdpa; as the model, refused."""
+    config = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ValueError, match=r'FalconForCausalLM keeps attention of its own .*; use '
+                                         r'attn_implementation="sdpa"'):
+        FalconForCausalLM._from_config(config, attn_implementation="omni")
 
 
 @pytest.mark.parametrize("name, feature", [("s_aux", "attention sinks"), ("position_bias", "an additive position bias")])

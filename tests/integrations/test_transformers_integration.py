@@ -5,8 +5,13 @@ CUDA kernels). float32 must match the reference implementation to 1e-5 relative 
 a float32 reference and may be at most twice as far from it as the reference implementation itself is in bf16.
 """
 
+import ast
 import copy
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -18,7 +23,11 @@ from transformers import (
     AutoModelForImageTextToText,
     Gemma3Config,
     Gemma3TextConfig,
+    Gemma4TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
+    PreTrainedModel,
     Qwen2_5_VLVisionConfig,
     Qwen2Config,
     Qwen2VLVisionConfig,
@@ -26,14 +35,17 @@ from transformers import (
 )
 from transformers import masking_utils as hf_masks
 from transformers.cache_utils import DynamicCache, StaticCache
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5_vl_vision
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl_vision
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 import omni_hf
 from omni_hf import OmniBlockMask
-from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask
+from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask, patches
 from omni_hf.integrations.transformers.packed_towers import PACKED
-from omni_hf.integrations.transformers.spec import block_mask_from_spec
+from omni_hf.integrations.transformers.layer_mask import block_mask_from_spec
+from omni_hf.ops.attention import MAX_HEAD_DIM
 from tests.helpers.brute_force import naive_attention, relative_error, token_rule_dense
 from tests.helpers.model_checks import assert_close_to_reference, low_precision, models, padding
 
@@ -76,6 +88,12 @@ def gemma3_vlm_config():
                                 image_size=16, patch_size=4)
     return Gemma3Config(text_config=gemma3_text_config(), vision_config=vision, mm_tokens_per_image=4,
                         image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI)
+
+
+def gpt_oss_config():
+    return GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=2,
+                        num_experts_per_tok=1)
 
 
 def causal_lm(config):
@@ -123,6 +141,87 @@ def test_import_registers_omni_in_both_interfaces_and_register_is_idempotent():
         assert AttentionInterface()["omni"] is omni_attention_forward
         assert hf_masks.AttentionMaskInterface()["omni"] is omni_mask
         omni_hf.register()
+
+
+# The integration's modules in the one direction a call takes (inputs -> mask spec -> block mask -> op); each may
+# import only modules after it.
+IMPORT_ORDER = ["__init__", "attention", "layer_mask", "recognition", "spec"]
+
+
+def test_the_integration_imports_one_way_from_the_attention_function_to_the_spec():
+    """Imports inside functions included: a module imports none before it in the order of a call, nor itself."""
+    package = pathlib.Path(omni_hf.__file__).parent / "integrations" / "transformers"
+    for name in IMPORT_ORDER:
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = {node.module.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+        earlier = set(IMPORT_ORDER[:IMPORT_ORDER.index(name) + 1])
+        assert not imported & earlier, f"{name}.py imports {sorted(imported & earlier)}"
+
+
+def vision_attention_forwards() -> dict[type, object]:
+    """The forward of each packed vision tower's attention class of Qwen2-VL and Qwen2.5-VL, as it is now."""
+    classes = (qwen2_vl_vision.VisionAttention, qwen2_5_vl_vision.Qwen2_5_VLVisionAttention)
+    return {cls: cls.forward for cls in classes}
+
+
+def test_patches_touch_only_models_that_choose_omni_and_register_without_patches_removes_them():
+    """Transformers' build check is wrapped, and packed towers' forwards only once a model of theirs chooses omni;
+    ``register(patch=False)`` restores both (the attention function still refuses what the build check would)."""
+    original_check = PreTrainedModel.get_correct_attn_implementation
+    try:
+        omni_hf.register(patch=False)
+        plain_check, plain_forwards = PreTrainedModel.get_correct_attn_implementation, vision_attention_forwards()
+        assert not patches.installed() and not hasattr(plain_check, "omni_original")
+        omni_hf.register()
+        assert patches.installed() and PreTrainedModel.get_correct_attn_implementation.omni_original is plain_check
+        build = lambda attn: Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
+                                                                                attn_implementation=attn)
+        build("sdpa")
+        assert vision_attention_forwards() == plain_forwards  # a model that does not choose omni: untouched
+        build("omni")
+        wrapped = vision_attention_forwards()
+        assert wrapped[qwen2_vl_vision.VisionAttention].__wrapped__ is plain_forwards[qwen2_vl_vision.VisionAttention]
+        omni_hf.register(patch=False)
+        assert vision_attention_forwards() == plain_forwards
+        assert PreTrainedModel.get_correct_attn_implementation is plain_check
+        model = GptOssForCausalLM._from_config(gpt_oss_config(), attn_implementation="omni")  # no check at build
+        with pytest.raises(ValueError, match=r"does not support attention sinks"):
+            model(tokens(1, 8))
+    finally:
+        omni_hf.register()
+    assert PreTrainedModel.get_correct_attn_implementation.omni_original is original_check.omni_original
+
+
+def test_the_environment_variable_opts_out_of_the_patches_at_import():
+    script = ("import omni_hf; from omni_hf.integrations.transformers import patches; "
+              "from transformers import AttentionInterface; print(patches.installed(), 'omni' in AttentionInterface())")
+    for value, expected in (("1", "False True"), ("0", "True True")):
+        env = {**os.environ, "OMNI_HF_NO_PATCH": value, "PYTHONPATH": str(pathlib.Path(omni_hf.__file__).parents[1])}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.split() == expected.split(), done.stderr
+
+
+@pytest.mark.parametrize("config, refused", [
+    (lambda: llama_config(head_dim=12), "attention layers at head dim 12"),
+    (lambda: llama_config(head_dim=MAX_HEAD_DIM + 8), f"attention layers at head dim {MAX_HEAD_DIM + 8}"),
+    (lambda: gemma3_text_config(head_dim=20), "sliding_attention layers at head dim 20, full_attention layers at "
+                                              "head dim 20"),
+    (lambda: Gemma4TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              global_head_dim=MAX_HEAD_DIM * 2, layer_types=["sliding_attention", "full_attention"],
+                              hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
+     f"full_attention layers at head dim {MAX_HEAD_DIM * 2}"),
+], ids=["not-a-multiple-of-8", "above-the-kernels", "gemma3-both-layer-types", "gemma4-global-layers"])
+def test_head_dims_the_op_refuses_are_refused_when_the_model_is_built_naming_the_layer_type(config, refused):
+    """Not at the first forward under the name `q`; the largest head dim the op takes builds (read from the op)."""
+    message = (rf'attn_implementation="omni": \w+ has {refused}; omni attention runs head dims that are multiples '
+               rf'of 8 up to {MAX_HEAD_DIM}. Use attn_implementation="sdpa"')
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_config(config(), attn_implementation="omni")
+    AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(llama_config(head_dim=MAX_HEAD_DIM), attn_implementation="omni")
+    assert model.config._attn_implementation == "omni"
 
 
 def test_attention_dropout_raises_and_output_attentions_warns(caplog):
@@ -487,6 +586,19 @@ def block_ids(device):
     return {"block_sequence_ids": ids.to(device)}
 
 
+def windowed_block_ids(length: int, long_image: bool):
+    """Gemma 4's sliding-layer mask: (causal or same image) and inside the window (5), over ``length`` positions;
+    images of 3 and 4 tokens, or one of 7 (longer than the window, which then cuts into it)."""
+    def extra(device):
+        ids = torch.full((B, length), -1)
+        ids[0, 3:6], ids[1, 8:12] = 0, 0
+        if long_image:
+            ids[0, 12:19] = 1
+        return {"or_mask_function": hf_masks.blockwise_overlay(ids.to(device)),
+                "and_mask_function": hf_masks.sliding_window_overlay(5)}
+    return extra
+
+
 def restarting_positions(device):
     return {"position_ids": torch.tensor([list(range(7)) + list(range(9)) + list(range(8))] * B, device=device)}
 
@@ -539,12 +651,19 @@ MASK_CASES = {
     "causal with image blocks": MaskCase(hf_masks.create_causal_mask, real=[22, 24], extra=block_ids),
     "sliding window with image blocks (tile by tile)": MaskCase(
         hf_masks.create_sliding_window_causal_mask, "sliding_attention", extra=block_ids),
+    "sliding window over causal or image blocks, left padding": MaskCase(
+        hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=False)),
+    "sliding window over causal or image blocks, an image longer than it (tile by tile)": MaskCase(
+        hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=True)),
+    "sliding window over causal or image blocks, chunked prefill, dynamic cache": MaskCase(
+        hf_masks.create_causal_mask, "sliding_attention", q_len=7, cache="dynamic", past=13, real=[16, 20],
+        extra=windowed_block_ids(20, long_image=False)),
     "causal or a model's function (tile by tile)": MaskCase(
         hf_masks.create_causal_mask, real=[22, 24], extra=lambda device: {"or_mask_function": prefix_lm}),
     "bidirectional, right padding": MaskCase(hf_masks.create_bidirectional_mask, real=[18, 24], left=False),
     "bidirectional sliding window (tile by tile)": MaskCase(
         hf_masks.create_bidirectional_sliding_window_mask, "sliding_attention"),
-    "cross-attention (tile by tile)": MaskCase(hf_masks.create_bidirectional_mask, q_len=7, encoder=11,
+    "cross-attention over a padded encoder": MaskCase(hf_masks.create_bidirectional_mask, q_len=7, encoder=11,
                                                real=[9, 11], left=False),
     "decode, dynamic cache": MaskCase(hf_masks.create_causal_mask, q_len=1, cache="dynamic", past=20, real=[15, 21]),
     "chunked prefill, dynamic cache": MaskCase(hf_masks.create_causal_mask, q_len=7, cache="dynamic", past=13,
@@ -592,6 +711,28 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     rows = case.query_rows(device)[:, None].expand(-1, HEADS_Q, -1)
     error = relative_error(out.transpose(1, 2)[rows], expected[rows])
     assert error < (2e-2 if low_precision(device) else 1e-5), error
+
+
+def test_pooling_cross_attention_over_padded_patches_is_built_from_the_key_padding_not_tile_by_tile(monkeypatch):
+    """Molmo2's image pooling: each pooled token (a batch row) is one query over its 2 x 2 patches, some of them
+    padding. Its mask is the key padding, built without evaluating Transformers' function."""
+    tokens, pool = 300, 4
+    valid = torch.rand(tokens, pool, generator=torch.Generator().manual_seed(5)) < 0.7
+    valid[:, 0] = True  # Molmo2 drops the pooled tokens with no patch
+    arguments = dict(inputs_embeds=torch.empty(tokens, 1, 0), attention_mask=valid,
+                     encoder_hidden_states=torch.empty(tokens, pool, 0))
+    config = mask_config()
+    config._attn_implementation = "omni"
+    spec = hf_masks.create_bidirectional_mask(config=config, **arguments)
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *args, **kwargs: pytest.fail("built tile by tile"))
+    block_mask, key_order = block_mask_from_spec(spec, torch.device("cpu"), None)
+    assert key_order is None and torch.equal(block_mask.to_dense()[:, 0, 0], valid)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(tokens, 2, 1, 16, generator=gen)
+    k, v = (torch.randn(tokens, 2, pool, 16, generator=gen) for _ in range(2))
+    out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=0.25)
+    expected, _ = naive_attention(q, k, v, valid[:, None, None], 0.25)
+    assert relative_error(out.transpose(1, 2), expected) < 1e-5
 
 
 LAYER_SHAPES = [  # (query heads, KV heads, head dim, scaling, softcap) of layers sharing one forward's spec

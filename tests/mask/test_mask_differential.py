@@ -22,7 +22,7 @@ from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import reference
 from omni_hf.data import OmniCollator
 from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
-from omni_hf.integrations.transformers.attention import _layer_mask
+from omni_hf.integrations.transformers.layer_mask import layer_mask
 from tests.helpers.brute_force import (
     block_mask_dense,
     causal_dense,
@@ -511,7 +511,7 @@ def test_transformers_spec_mask_and_attention_equal_sdpa_mask_on_real_rows(sourc
     q = torch.randn(HF_BATCH, 4, q_len, 16, generator=gen)
     k, v = (torch.randn(HF_BATCH, 2, kv_len, 16, generator=gen) for _ in range(2))
     spec = omni_mask(**args)
-    block_mask, key_order = _layer_mask(torch.nn.Module(), q, k, spec, None, None, {})
+    block_mask, key_order = layer_mask(torch.nn.Module(), q, k, spec, None, None, {})
     slots = torch.arange(kv_len) if key_order is None else key_order
     read = block_mask_dense(block_mask).expand(HF_BATCH, -1, -1, -1)[:, 0]
     expected = truth[:, 0][..., slots]
@@ -530,7 +530,7 @@ def assert_layer_mask_and_attention(spec, kwargs, expected, seed, sliding_window
     _, gen = rng(seed)
     q = torch.randn(batch, 4, q_len, 16, generator=gen)
     k, v = (torch.randn(batch, 2, kv_len, 16, generator=gen) for _ in range(2))
-    block_mask, key_order = _layer_mask(torch.nn.Module(), q, k, spec, sliding_window, None, kwargs)
+    block_mask, key_order = layer_mask(torch.nn.Module(), q, k, spec, sliding_window, None, kwargs)
     assert key_order is None
     read = block_mask_dense(block_mask)
     assert torch.equal(*torch.broadcast_tensors(read, expected)), first_difference(read, expected)

@@ -4,12 +4,13 @@ Vision towers that pack their images into one sequence (Qwen2-VL, Qwen2.5-VL, Qw
 images' boundaries, ``cu_seqlens``, only to attention implementations whose name contains "flash"; any other gets one
 call per image or window (25,404 calls per 16k-token row of Qwen2.5-VL-3B), each paying a call's host cost.
 
-`pack_vision_towers_on_build` makes Transformers, when it builds a model with "omni", wrap the forward of every such
+When Transformers builds a model with "omni" (`patches`), `pack_vision_towers` wraps the forward of every such
 attention class of the model's modeling module: under "omni" the module's own forward runs with its config naming
 `PACKED` (registered to omni's attention function, and containing "flash"), so the module takes its packed branch
 and omni gets one call with ``cu_seq_lens_q`` / ``cu_seq_lens_k``, which it attends as one bidirectional block per
 image or window. Outside that forward the config names "omni", so saving, reloading and every other layer see only
 "omni". A class whose code picks its branch some other way keeps its calls per image, which omni runs as well.
+`unpack_vision_towers` restores every wrapped forward.
 """
 
 from __future__ import annotations
@@ -20,16 +21,10 @@ import sys
 
 import torch
 
-from .model_support import when_omni_is_chosen
-
-__all__ = ["PACKED", "pack_vision_towers", "pack_vision_towers_on_build", "packs_by_name"]
+__all__ = ["PACKED", "pack_vision_towers", "packs_by_name", "unpack_vision_towers"]
 
 PACKED = "omni_flash_packed"
-
-
-def pack_vision_towers_on_build() -> None:
-    """When Transformers settles on "omni" for a model, `pack_vision_towers` its modeling module (idempotent)."""
-    when_omni_is_chosen("pack vision towers", lambda model_class: pack_vision_towers(model_class.__module__))
+_WRAPPED: list[type] = []  # the classes whose forward `pack_vision_towers` wrapped
 
 
 def pack_vision_towers(module_name: str) -> None:
@@ -40,6 +35,14 @@ def pack_vision_towers(module_name: str) -> None:
         if (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == module_name
                 and "forward" in vars(cls) and not getattr(cls.forward, "omni_packed", False) and packs_by_name(cls)):
             cls.forward = _packed(cls.forward)
+            _WRAPPED.append(cls)
+
+
+def unpack_vision_towers() -> None:
+    """Restore the forward of every class `pack_vision_towers` wrapped."""
+    while _WRAPPED:
+        cls = _WRAPPED.pop()
+        cls.forward = cls.forward.__wrapped__
 
 
 def packs_by_name(cls: type) -> bool:

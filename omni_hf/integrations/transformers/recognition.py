@@ -5,16 +5,14 @@ rule they amount to. Functions it does not recognise give None; the spec is then
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import masking_utils
 from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
-if TYPE_CHECKING:
-    from .spec import OmniMaskSpec
+from .spec import OmniMaskSpec, key_slice
 
-__all__ = ["key_slice", "sliding_window", "token_rule_parts"]
+__all__ = ["sliding_window", "token_rule_parts"]
 
 _AND_CODE = masking_utils.and_masks().__code__
 _OR_CODE = masking_utils.or_masks().__code__
@@ -56,6 +54,10 @@ def token_rule_parts(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Te
     block_ids = _causal_or_block_ids(fn)
     if block_ids is not None:
         return first, key_slice(block_ids, spec.kv_offset, spec.kv_len, fill=-1), None
+    windowed = _windowed_causal_or_block_ids(fn)
+    if windowed is not None:
+        groups = key_slice(windowed[0], spec.kv_offset, spec.kv_len, fill=-1)
+        return (first, groups, windowed[1]) if _window_spares_groups(groups, windowed[1]) else None
     return None
 
 
@@ -85,13 +87,39 @@ def _causal_or_block_ids(fn: Callable) -> torch.Tensor | None:
     return _closure(parts[1])["block_sequence_ids"] if blocks and parts[0] is causal_mask_function else None
 
 
+def _windowed_causal_or_block_ids(fn: Callable) -> tuple[torch.Tensor, int] | None:
+    """The ids and window of ``and_masks(or_masks(causal_mask_function, blockwise_overlay(ids)),
+    sliding_window_overlay(window))`` (the sliding layers of Gemma 3 and Gemma 4 with images, video frames or audio
+    placeholders: the window cuts every pair, image pairs included), read from its closures; None for any other
+    function, and while compiling."""
+    if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(fn)["mask_functions"]
+    if len(parts) != 2 or getattr(parts[1], "__code__", None) is not _SLIDING_CODE:
+        return None
+    block_ids = _causal_or_block_ids(parts[0])
+    return None if block_ids is None else (block_ids, _closure(parts[1])["sliding_window"])
+
+
+def _window_spares_groups(groups: torch.Tensor, window: int) -> bool:
+    """Whether no two keys of one group (id >= 0) lie ``window`` or more positions apart, so that the window cuts no
+    pair of a group: then Transformers' window over the whole rule and the token rule's window over its causal part
+    allow the same pairs (they differ only on pairs of a group longer than the window). Known from the sizes when
+    the keys span less than the window; otherwise read from the ids, at one host sync (the tile-by-tile evaluation
+    it spares syncs once per row of tiles).
+
+    Args:
+        groups: int ``[B, kv_len]`` group ids of the keys, -1 for text.
+    """
+    batch, length = groups.shape
+    if length <= window:
+        return True
+    position = torch.arange(length, device=groups.device).expand(batch, length)
+    slot = torch.where(groups >= 0, groups.clamp(max=length - 1), length)  # ids past the length share a slot: safe
+    first = torch.full((batch, length + 1), length, device=groups.device).scatter_reduce(1, slot, position, "amin")
+    last = torch.full((batch, length + 1), -1, device=groups.device).scatter_reduce(1, slot, position, "amax")
+    return not bool((last - first)[:, :length].ge(window).any())
+
+
 def _closure(fn: Callable) -> dict:
     return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
-
-
-def key_slice(ids: torch.Tensor, kv_offset: int, kv_len: int, fill) -> torch.Tensor:
-    """Columns ``kv_offset : kv_offset + kv_len`` of per-position ``ids [B, L]``, padded with ``fill`` past ``L``."""
-    end = kv_offset + kv_len
-    if end > ids.shape[-1]:
-        ids = torch.nn.functional.pad(ids, (0, end - ids.shape[-1]), value=fill)
-    return ids[:, kv_offset:end]
