@@ -250,6 +250,24 @@ def test_decoder_lm_with_left_and_right_padding_matches(name, reference):
                         logits_at(attention_mask.bool()), {attention: 2}, reference)
 
 
+def gpt_oss_config():
+    """Sliding (window 4) and full layers, GQA, 4 experts top-2: every attention call passes its sinks (``s_aux``)."""
+    return GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+
+
+@pytest.mark.parametrize("lengths", [[16], [11, 16]], ids=["one row", "left-padded batch of two"])
+def test_gpt_oss_attention_sinks_match_eager_with_their_gradients(lengths):
+    """GPT-OSS's learnable sinks run on omni: logits and every gradient, the sinks' own included, as eager's."""
+    attention_mask = padding(lengths, 16, left=True)
+    input_ids = text(len(lengths), 16, seed=5)
+    build = from_config(GptOssForCausalLM, gpt_oss_config())
+    assert sum(name.endswith("self_attn.sinks") for name, _ in build("eager").named_parameters()) == 2
+    assert_omni_matches(build, dict(input_ids=input_ids, attention_mask=attention_mask),
+                        logits_at(attention_mask.bool()), {"GptOssAttention": 2})
+
+
 def test_gemma2_attention_softcap_and_sliding_window_match_eager():
     """Gemma2 softcaps attention scores (cap 1.0), which only eager does; the cap is checked to matter."""
     input_ids = text(2, 16, seed=2)
@@ -760,14 +778,10 @@ def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
                                                   num_heads=2, decoder_start_token_id=0),
      r"(an additive position bias \(`position_bias`, as in T5\)|attention layers of its own \(they never call "
      r"Transformers' attention function\))"),
-    (GptOssForCausalLM, lambda: GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32,
-                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                             head_dim=16, num_local_experts=2, num_experts_per_tok=1),
-     r"attention sinks \(`s_aux`, as in gpt-oss\)"),
-], ids=["t5-position-bias", "gpt-oss-attention-sinks"])
+], ids=["t5-position-bias"])
 def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
-    """T5's relative position bias and GPT-OSS's attention sinks are refused when the model is built with omni (or
-    switched to it), not at the first forward, and never silently dropped."""
+    """T5's relative position bias is refused when the model is built with omni (or switched to it), not at the first
+    forward, and never silently dropped."""
     refusal = rf'attn_implementation="omni": {model_class.__name__} uses {feature}, which omni attention does not support'
     with pytest.raises(ValueError, match=refusal):
         model_class._from_config(config(), attn_implementation="omni")
@@ -788,7 +802,7 @@ def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implem
         FalconForCausalLM._from_config(config, attn_implementation="omni")
 
 
-@pytest.mark.parametrize("name, feature", [("s_aux", "attention sinks"), ("position_bias", "an additive position bias")])
+@pytest.mark.parametrize("name, feature", [("position_bias", "an additive position bias")])
 def test_the_attention_function_refuses_what_it_cannot_honour(name, feature):
     """The same features reaching the attention function anyway (a model built around the check) raise there."""
     q = torch.randn(1, 2, 6, 16)

@@ -47,7 +47,8 @@ def omni_attention_forward(
         scaling, softcap: as in `omni_attention`.
         sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
         is_causal: for a missing mask (default ``module.is_causal``, else True).
-        kwargs: ``omni_block_mask``, ``omni_doc_ids``, ``omni_group_ids``, ``cu_seq_lens_k`` (see `layer_mask`);
+        kwargs: ``s_aux``: the layer's sink logits ``[Hq]`` (gpt-oss), `omni_attention`'s ``sinks``;
+            ``omni_block_mask``, ``omni_doc_ids``, ``omni_group_ids``, ``cu_seq_lens_k`` (see `layer_mask`);
             ``omni_context_parallel`` (`omni_hf.distributed.ContextParallel`: the call is this rank's shard of a
             row, attended over the whole row); ``output_attentions`` only warns.
     Returns:
@@ -59,6 +60,9 @@ def omni_attention_forward(
     if not _SPECIAL_KWARGS.isdisjoint(kwargs):
         _check_kwargs(kwargs)
         if (context_parallel := kwargs.get("omni_context_parallel")) is not None:  # this rank's shard of the row
+            if kwargs.get("s_aux") is not None:
+                raise ValueError("omni_context_parallel: attention sinks (`s_aux`) are not supported under context "
+                                 "parallelism yet; train this model without omni_context_parallel")
             out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
             return out.transpose(1, 2).contiguous(), None
     query, key, value = cast_for_autocast(query, key, value)
@@ -66,7 +70,7 @@ def omni_attention_forward(
                                      is_causal, kwargs)
     if key_order is not None:
         key, value = key.index_select(2, key_order), value.index_select(2, key_order)
-    out, _ = run_call(call, query, key, value)
+    out, _ = run_call(call, query, key, value, kwargs.get("s_aux"))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -8,7 +8,7 @@ Transformers settled on "omni" for:
   vision layers in DeepSeek-VL hybrid) runs that attention, with the mask it expects (what eager, or sdpa where it
   has it, gets), and a warning names it; a whole model that keeps its own attention is refused;
 - a model whose attention layers pass the attention function something omni cannot honour (`unsupported_feature`:
-  attention sinks, an additive position bias, or layers that never call the function at all) is refused;
+  an additive position bias, or layers that never call the function at all) is refused;
 - a model whose layers have a head dim the op refuses on every backend (`unsupported_head_dims`: not a multiple of
   8, or above `omni_hf.ops.attention.MAX_HEAD_DIM`) is refused, naming the layer type and its head dim;
 - every other model gets "omni".
@@ -35,7 +35,6 @@ _logger = logging.get_logger(__name__)
 
 # Keyword arguments of a model's attention-function calls that omni attention cannot honour.
 UNSUPPORTED_FEATURES = {
-    "s_aux": "attention sinks (`s_aux`, as in gpt-oss)",
     "position_bias": "an additive position bias (`position_bias`, as in T5)",
 }
 OWN_ATTENTION = "attention layers of its own (they never call Transformers' attention function)"
