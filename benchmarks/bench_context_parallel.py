@@ -9,9 +9,9 @@ Runs `examples/context_parallel.py` under torchrun: on one GPU, then on each of 
 each trains (two steps, so that AdamW's state is there): the first try is the length that fills
 ``--memory-fraction`` of the GPU by the run's memory (weights, gradients and optimizer state, plus the peak's excess
 over them per token), then steps up while a row fits and down while it does not (``--coarse`` tokens, doubling
-each time), then bisection down to ``--resolution`` tokens (each try its own launch, so running out of memory ends only that try; any
-other failure stops the benchmark). ``--concurrent`` runs the searches of several GPU counts at once on disjoint GPUs
-where they fit beside each other (a search times nothing).
+each time), then bisection down to ``--resolution`` tokens (each try its own launch, so running out of memory ends
+only that try; any other failure stops the benchmark). ``--concurrent`` runs the searches of several GPU counts at
+once on disjoint GPUs where they fit beside each other (a search times nothing).
 
 Every launch's result is kept in ``<out>/parts/`` and reused by a later call with the same ``--out`` (so one
 benchmark can span several calls of a time-limited machine: ``--parts speed``, then ``--parts capacity``).
@@ -201,9 +201,10 @@ def predictions(run: dict, one: dict, args: argparse.Namespace, memory_gib: floa
     """The cost model on ``run``'s first timed row with its cuts: speedup over one GPU and attention imbalance per
     scheme; and the longest row by ``one``'s memory with weights, gradients and optimizer state (FSDP2) and the
     activations per token split over the GPUs, on a GPU of ``memory_gib`` (default ``one``'s)."""
+    from transformers import LlamaConfig
+
     from benchmarks.context_parallel_model import Hardware, ModelSizes, predict_step
     from omni_hf import OmniCollator
-    from transformers import LlamaConfig
 
     example = importlib.util.spec_from_file_location("context_parallel_example", EXAMPLE)
     module = importlib.util.module_from_spec(example)

@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"{meta['device']}, torch {meta['torch']}, Llama ~1B bf16, prompt {args.prompt}, {args.new_tokens} new tokens")
+    print(f"{meta['device']}, torch {meta['torch']}, Llama ~1B bf16, prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens")
     print("| batch | sdpa FA2 tok/s | omni tok/s | omni / sdpa | static+compile tok/s omni / sdpa | same new tokens, "
           "Inductor vs eager static: omni / sdpa (eager's top-2 margin there) | same new tokens, cudagraphs backend "
           "vs eager static: omni / sdpa (largest logit difference) |")

@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_kernels [--masks vlm,causal] [--seqlens 8192,16384]
 
-The suite's realistic shape (B=1, Hq=32, Hkv=8, D=128, bf16, blocks of 128); TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
+The suite's realistic shape (B=1, Hq=32, Hkv=8, D=128, bf16, blocks of 128); TFLOP/s over the allowed (q, k) pairs
+(4 * Hq * D flops per pair forward,
 2.5 times that backward), do_bench medians. No peers and no reference check: `python -m benchmarks.run` does
 those. Run it with OMNI_HF_CUDA_LIB set to compare two builds of the library. The first line is the physical
 yardstick: a plain bf16 GEMM (8192^3, torch.matmul) on the same GPU, and each case gives its forward rate as a
@@ -44,7 +45,8 @@ def time_case(name: str, seq_len: int, gemm: float) -> str:
     fwd_ms = measure.median_ms(measure.forward_fn(attention, q, k, v))
     both_ms = measure.median_ms(measure.forward_backward_fn(attention, q, k, v, dout))
     flop = 4 * SHAPE.batch * SHAPE.heads_q * SHAPE.dim * layout.allowed_pairs()
-    return (f"{name:8s} S={seq_len:6d} TFLOP/s fwd {flop / fwd_ms / 1e9:4.0f}  fwd+bwd {3.5 * flop / both_ms / 1e9:4.0f}  "
+    return (f"{name:8s} S={seq_len:6d} TFLOP/s fwd {flop / fwd_ms / 1e9:4.0f}  "
+            f"fwd+bwd {3.5 * flop / both_ms / 1e9:4.0f}  "
             f"bwd {2.5 * flop / (both_ms - fwd_ms) / 1e9:4.0f}  (fwd {fwd_ms:.3f} ms, fwd+bwd {both_ms:.3f} ms; "
             f"fwd {flop / fwd_ms / 1e9 / gemm:.0%} of the GEMM)")
 

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args(argv)
     calls = args.calls
-    if not _cuda.available():  # also loads the library, which registers omni_hf::fwd
+    if not library.available():  # also loads the library, which registers omni_hf::fwd
         sys.exit("bench_launch: needs a CUDA device and the omni_hf CUDA library")
     rows = floor_cases(calls)
     rows += attention_case("decode q1 kv2048 H16/4 D128 causal", 1, 16, 4, 1, 2048, 128, torch.bfloat16,
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "launch.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"{meta['device']}, torch {meta['torch']}")
-    print(f"| case | mode | host us | gpu us | wall us |\n|---|---|---|---|---|")
+    print("| case | mode | host us | gpu us | wall us |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['case']} | {row['mode']} | {row['host_us']:.1f} | {row['gpu_us']:.1f} | {row['wall_us']:.1f} |")
 

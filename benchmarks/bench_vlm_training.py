@@ -295,7 +295,8 @@ def step_inputs(model, batch: dict, attn: str, device: torch.device, pixels: boo
     if pixels:
         common = {key: batch[key].to(device) for key in PIXEL_INPUTS if key in batch}
     else:
-        common = {"inputs_embeds": language_model_embeds(model, {key: value.to(device) for key, value in batch.items()}),
+        common = {"inputs_embeds": language_model_embeds(model,
+                                                         {key: value.to(device) for key, value in batch.items()}),
                   "position_ids": batch["position_ids"].to(device)}
         if config.model_type == "gemma3":
             common["token_type_ids"] = batch["token_type_ids"].to(device)
@@ -581,7 +582,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--pixels", action="store_true", help="the step starts from the pixels: the frozen vision "
                         "tower runs in it, on omni in omni's rows")
     parser.add_argument("--vision-attn", choices=["backend", "sdpa"], default="backend",
-                        help="with --pixels: the tower on the row's backend (omni, the baseline) or on sdpa in every row")
+                        help="with --pixels: the tower on the row's backend (omni, the baseline) or on sdpa in every "
+                             "row")
     parser.add_argument("--tiny", action="store_true", help="tiny configs and rows, on the CPU unless a GPU is there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
@@ -599,8 +601,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 
 def result_name(args: Args) -> str:
-    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[-pixels][_tiny].json`` (no lengths when only the longest row is
-    searched): runs of separate parts never overwrite each other."""
+    """``vlm_training_<archs>_<lengths>_<backends>_<parts>[-pixels][_tiny].json`` (no lengths when only the longest row
+    is searched): runs of separate parts never overwrite each other."""
     parts = [name for name, on in (("speed", args.steps), ("maxlen", args.find_max_length),
                                    ("curve", args.curve_steps), ("pixels", args.pixels),
                                    ("sdpa-tower", args.pixels and args.vision_attn == "sdpa")) if on]

@@ -68,7 +68,8 @@ CASE_SETS: dict[str, list[Case]] = {
     + [Case("vlm", 16384, 1, 16, 8, 64, "bfloat16"), Case("causal", 4096, 2, 16, 8, 128, "bfloat16"),
        Case("vlm", 4096, 1, 32, 8, 128, "bfloat16"), Case("causal", 2048, 4, 32, 8, 128, "float16")],
     # The small training shape, head dim 128 on both sides of the 64-row-CTA threshold, and two realistic grids.
-    "small": [Case(mask, length, 1, 8, 8, 64, "float16") for mask in ("causal", "vlm") for length in (512, 1024, 2048, 4096)]
+    "small": [Case(mask, length, 1, 8, 8, 64, "float16") for mask in ("causal", "vlm")
+              for length in (512, 1024, 2048, 4096)]
     + [Case("causal", 1024, 1, 8, 8, 128, "bfloat16"), Case("causal", 2048, 1, 4, 4, 128, "bfloat16"),
        Case("causal", 2048, 1, 8, 8, 128, "bfloat16"), Case("vlm", 2048, 1, 8, 8, 128, "bfloat16"),
        Case("causal", 8192, 1, 32, 8, 128, "bfloat16"), Case("vlm", 8192, 1, 32, 8, 128, "bfloat16")],
@@ -214,7 +215,8 @@ def alternate(libraries: dict[str, str], rounds: int, run: Callable[[str], dict]
         for name, path in libraries.items():
             answer = run(path)
             runs[name].append(answer)
-            print(f"[{round_index + 1}/{rounds}] {name}: " + ", ".join(f"{row['kernel_us']:.1f}" for row in answer["rows"]),
+            print(f"[{round_index + 1}/{rounds}] {name}: "
+                  + ", ".join(f"{row['kernel_us']:.1f}" for row in answer["rows"]),
                   file=sys.stderr, flush=True)
     return runs
 

@@ -47,7 +47,8 @@ SUITE_RUNS = (
              "(the newest library)", "results/attention/power_cap_vlm_h100.json"),
     SuiteRun("At the power cap, causal (as above)", "results/attention/power_cap_causal_h100.json"),
     SuiteRun("At the power cap, head dim 64, causal", "results/attention/power_cap_d64_causal_h100.json"),
-    SuiteRun("At the power cap, head dim 256 (8 / 4 heads), causal", "results/attention/power_cap_d256_causal_h100.json"),
+    SuiteRun("At the power cap, head dim 256 (8 / 4 heads), causal",
+             "results/attention/power_cap_d256_causal_h100.json"),
     SuiteRun("Head dim 64, 3 interleaved rounds (the library before the warp-uniform wgmma operands; causal 32k "
              "missing)", "results/attention/realistic_d64_h100.json"),
     SuiteRun("The realistic shape, 5 interleaved rounds (the library before the stmatrix backward)",
@@ -118,7 +119,8 @@ def headline_table(result: dict) -> str:
         sdpa = best_sdpa(case)
         sdpa_cell = f"{tflops(sdpa)} ({SDPA_NAMES.get(sdpa['peer'], sdpa['peer'])})" if sdpa else "-"
         lines.append(f"| {MASK_NAMES.get(case['mask'], case['mask'])} | {kilo_tokens(case['seq_len'])} "
-                     f"| {tflops(rows.get('omni b128'))} | {tflops(rows.get('flex'))} | {tflops(rows.get('flex-flash'))} "
+                     f"| {tflops(rows.get('omni b128'))} | {tflops(rows.get('flex'))} "
+                     f"| {tflops(rows.get('flex-flash'))} "
                      f"| {sdpa_cell} | {ratio(case, 'omni b128', 'flex')} | {ratio(case, 'omni b128', 'flex-flash')} |")
     return "\n".join(lines)
 

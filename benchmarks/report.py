@@ -137,7 +137,8 @@ def summary(result: dict, markdown: bool = False, full: bool = False) -> str:
     meta = result["meta"]
     versions = ", ".join(f"{name} {meta.get(name)}" for name in ("torch", "triton", "transformers", "cuda"))
     parts = [f"{meta.get('device', '?')} ({versions}); omni path: {meta.get('omni_path', '?')}"]
-    parts += [f"not run: {c['shape']} {c['mask']} S={c['seq_len']}: {c['error']}" for c in result["cases"] if "error" in c]
+    parts += [f"not run: {c['shape']} {c['mask']} S={c['seq_len']}: {c['error']}"
+              for c in result["cases"] if "error" in c]
     for cases in by_shape(result).values():
         title = _shape_title(cases[0])
         parts.append(f"\n{title}; TFLOP/s over allowed pairs, fwd/fwd+bwd")

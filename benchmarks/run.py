@@ -6,7 +6,8 @@ one run, on one GPU.
 
 For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed from
 the layout's ids or table in host memory: omni's builder on the GPU, Flex's compiled ``create_block_mask``
-on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference (`omni_hf.ops.reference` with the layout's
+on the GPU, the collator on the CPU for the VLM layout), draw fresh random inputs, compute the float32 reference
+(`omni_hf.ops.reference` with the layout's
 own dense mask), then for each peer check its output (and, with backward, its gradients) against the
 reference and only then time it: median ms by ``triton.testing.do_bench`` (or, with ``--sustained``, seconds of
 calls back to back at the GPU's power cap, as in a training step), TFLOP/s over the allowed pairs

@@ -308,7 +308,8 @@ def main() -> None:
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
             shards.append(cp)
-        progress.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{world // cp_size * args.length / (time.perf_counter() - start):.0f}")
+        progress.set_postfix(loss=f"{loss:.4f}",
+                             tokens_per_s=f"{world // cp_size * args.length / (time.perf_counter() - start):.0f}")
 
     step_s = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0  # the training's, not the timing's

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -116,6 +116,9 @@ def question_prior_accuracy(train: datasets.Dataset, held_out: datasets.Dataset)
     for question, task, answer in zip(train["question"], train["task"], train["answer"]):
         by_question[question][answer] += 1
         by_task[task][answer] += 1
-    guess: Callable[[str, str], str] = lambda q, t: (by_question.get(q) or by_task[t]).most_common(1)[0][0]
+
+    def guess(q: str, t: str) -> str:
+        return (by_question.get(q) or by_task[t]).most_common(1)[0][0]
+
     hits = [guess(q, t) == a for q, t, a in zip(held_out["question"], held_out["task"], held_out["answer"])]
     return sum(hits) / len(hits)

@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", type=Path, help="a checkpoint-<step> directory to go on from")
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"),
                         default="bf16" if torch.cuda.is_available() else "no")
-    parser.add_argument("--num-workers", type=int, default=min(12, (os.cpu_count() or 4) - 2) if torch.cuda.is_available()
-                        else 0, help="DataLoader workers per process (they render the images)")
+    parser.add_argument("--num-workers", type=int,
+                        default=min(12, (os.cpu_count() or 4) - 2) if torch.cuda.is_available() else 0,
+                        help="DataLoader workers per process (they render the images)")
     parser.add_argument("--seed", type=int, default=0)
     for field in dataclasses.fields(Preset):
         if field.type in ("int", "float"):

@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-
 __all__ = ["FAMILIES", "IMAGE_ATTENTION", "PROCESSORS", "VisionInputs"]
 
 IMAGE_ATTENTION = ("causal", "bidirectional", "prefix")

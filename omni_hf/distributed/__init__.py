@@ -1,7 +1,12 @@
 """Distributed attention: context parallelism (one packed row split across the ranks of a process group)."""
 
-from .context_parallel import (ContextParallel, ContextParallelCollator, allowed_keys_per_query, balanced_bounds,
-                               token_work_in_pairs)
+from .context_parallel import (
+                               ContextParallel,
+                               ContextParallelCollator,
+                               allowed_keys_per_query,
+                               balanced_bounds,
+                               token_work_in_pairs,
+)
 
 __all__ = ["ContextParallel", "ContextParallelCollator", "allowed_keys_per_query", "balanced_bounds",
            "token_work_in_pairs"]

@@ -224,7 +224,8 @@ class ContextParallel:
         group). The group must have this shard's number of ranks, and this process this shard's rank in it."""
         group = self.group if group is _KEEP else group
         if dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (self.world_size, self.rank):
-            raise ValueError(f"group: expected the row's {self.world_size} ranks with this process as rank {self.rank}, "
+            raise ValueError(f"group: expected the row's {self.world_size} ranks "
+                             f"with this process as rank {self.rank}, "
                              f"got {dist.get_world_size(group)} ranks with this process as rank "
                              f"{dist.get_rank(group)} (pass the context-parallel group, e.g. mesh['cp'].get_group())")
         doc, grp = (ids.to(device, non_blocking=non_blocking) for ids in (self.doc_ids, self.group_ids))

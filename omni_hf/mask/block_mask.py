@@ -295,7 +295,8 @@ class OmniBlockMask:
         if dense.dim() == 2:
             dense = dense[None, None]
         if dense.dim() != 4:
-            raise ValueError(f"dense: expected shape [q_len, kv_len] or [B, H, q_len, kv_len], got {tuple(dense.shape)}")
+            raise ValueError(f"dense: expected shape [q_len, kv_len] or [B, H, q_len, kv_len], "
+                             f"got {tuple(dense.shape)}")
         batch, heads, q_len, kv_len = dense.shape
         return cls._from_rows(lambda start, stop: dense[:, :, start:stop], batch, heads, q_len, kv_len, block_size,
                               dense.device)

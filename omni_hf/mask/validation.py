@@ -44,7 +44,8 @@ def check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
     if group_ids.dim() == 1:
         group_ids = group_ids[None]
     batches = doc_ids.shape[0], group_ids.shape[0]
-    if group_ids.dim() != 2 or group_ids.shape[1] != doc_ids.shape[1] or (batches[0] != batches[1] and 1 not in batches):
+    if (group_ids.dim() != 2 or group_ids.shape[1] != doc_ids.shape[1]
+            or (batches[0] != batches[1] and 1 not in batches)):
         raise ValueError(f"group_ids: expected the shape of doc_ids {tuple(doc_ids.shape)} (a batch of 1 on either "
                          f"side broadcasts), got {tuple(group_ids.shape)}")
     if group_ids.device != doc_ids.device:
@@ -105,7 +106,8 @@ def validate(m) -> None:
                              "doc_ids and group_ids, got None")
         for name in ("doc_ids", "group_ids"):
             ids = getattr(m.token_rule, name)
-            if ids.dim() != 2 or ids.shape[1] != m.kv_len or ids.shape[0] not in (1, m.batch) or ids.dtype != torch.int32:
+            if (ids.dim() != 2 or ids.shape[1] != m.kv_len or ids.shape[0] not in (1, m.batch)
+                    or ids.dtype != torch.int32):
                 raise ValueError(f"token_rule.{name}: expected int32 [{m.batch} or 1, kv_len={m.kv_len}], got "
                                  f"{describe_value(ids)}")
         if m.q_len > m.kv_len:
@@ -129,7 +131,8 @@ def _validate_lists(prefix, lists, batch, heads, rows, cols, pool_size) -> None:
     """Shapes, dtypes, ranges and ordering of one view's block lists."""
     num, idx, types, partial = lists.num_blocks, lists.indices, lists.types, lists.partial
     if tuple(num.shape) != (batch, heads, rows) or num.dtype != torch.int32:
-        raise ValueError(f"{prefix}.num_blocks: expected int32 of shape {(batch, heads, rows)}, got {describe_value(num)}")
+        raise ValueError(f"{prefix}.num_blocks: expected int32 of shape {(batch, heads, rows)}, "
+                         f"got {describe_value(num)}")
     max_blocks = idx.shape[-1] if idx.dim() == 4 else -1
     for name, tensor, dtype in (("indices", idx, torch.int32), ("types", types, torch.int8),
                                 ("partial", partial, torch.int32)):

@@ -1,8 +1,8 @@
 """`omni_attention`: input checks, backend dispatch and autograd.
 
 Two backends run a call: the CUDA library's ops (``omni_hf::fwd`` / ``omni_hf::bwd``, registered in C++ with
-fake implementations, `omni_hf.ops.library`) where they can run it, otherwise the exact PyTorch reference (wrapped in the
-custom ops ``omni_hf::reference_forward`` / ``omni_hf::reference_backward`` for ``torch.compile``, called directly
+fake implementations, `omni_hf.ops.library`) where they can run it, otherwise the exact PyTorch reference (wrapped in
+the custom ops ``omni_hf::reference_forward`` / ``omni_hf::reference_backward`` for ``torch.compile``, called directly
 in eager mode). ``OMNI_HF_BACKEND=cuda|reference`` forces one. One `torch.autograd.Function` ties forward and
 backward together, so ``torch.compile(fullgraph=True)`` traces a training step without a graph break; a call
 that needs no gradient skips it. The per-call path is kept short: host time matters at small sizes. A call is
@@ -155,7 +155,8 @@ def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, s
 
 class _Attention(torch.autograd.Function):
     """Autograd of `omni_attention`: ``forward(q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap)
-    -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`. The mask travels flattened (`OmniBlockMask.as_tuple`) so that
+    -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`. The mask travels
+    flattened (`OmniBlockMask.as_tuple`) so that
     Dynamo sees only tensors and constants; its tensors never need a gradient, so they ride on ctx rather than
     through save_for_backward, which keeps the call's argument count (and its host cost) small."""
 
@@ -298,7 +299,8 @@ def _explain_inputs(q, k, v, block_mask, scale, softcap) -> None:
     if k.shape != v.shape:
         raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
     if k.shape[0] != batch or k.shape[3] != dim:
-        raise ValueError(f"k: expected shape [{batch}, Hkv, Skv, {dim}] (batch and head dim of q), got {tuple(k.shape)}")
+        raise ValueError(f"k: expected shape [{batch}, Hkv, Skv, {dim}] (batch and head dim of q), "
+                         f"got {tuple(k.shape)}")
     if heads_q % k.shape[1] != 0:
         raise ValueError(f"k: expected a head count dividing Hq={heads_q}, got {k.shape[1]}")
     if dim % 8 != 0 or dim > MAX_HEAD_DIM:
@@ -324,7 +326,8 @@ def _check_sinks(sinks, q: torch.Tensor) -> None:
 
 
 def _looks_like_bshd(q: torch.Tensor, k: torch.Tensor, block_mask: OmniBlockMask) -> bool:
-    """q and k in Transformers' ``[B, S, H, D]`` layout, not transposed: their dim 1, not 2, holds the mask's lengths."""
+    """q and k in Transformers' ``[B, S, H, D]`` layout, not transposed: their dim 1, not 2, holds the mask's
+    lengths."""
     return (q.shape[2], k.shape[2]) != (block_mask.q_len, block_mask.kv_len) and (
         q.shape[1], k.shape[1]) == (block_mask.q_len, block_mask.kv_len)
 

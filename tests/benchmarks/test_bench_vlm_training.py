@@ -10,8 +10,8 @@ import pytest
 import torch
 import transformers
 
-from benchmarks import bench_vlm_training as bench
 import omni_hf
+from benchmarks import bench_vlm_training as bench
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers.attention import omni_attention_forward
 from omni_hf.integrations.transformers.packed_towers import PACKED
@@ -92,8 +92,8 @@ def test_tiny_run_writes_speed_longest_rows_and_equal_omni_and_sdpa_curves(tmp_p
 
 
 def test_tiny_run_from_pixels_runs_the_vision_tower_on_omni_and_gives_sdpas_losses(tmp_path):
-    """With --pixels every step runs the tower: omni's rows send its attention calls to omni (one per layer, Qwen2.5-VL's
-    packed), the others' to sdpa, and the two give the same losses
+    """With --pixels every step runs the tower: omni's rows send its attention calls to omni (one per layer,
+    Qwen2.5-VL's packed), the others' to sdpa, and the two give the same losses
     (float32, the same weights and rows)."""
     calls = collections.Counter()
 

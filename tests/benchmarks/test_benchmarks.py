@@ -619,12 +619,14 @@ def test_check_flags_stale_files_and_writing_makes_them_current(tmp_path, capsys
         (tmp_path / json_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / json_path, tmp_path / json_path)
     for target in (readme_tables.README, readme_tables.BENCHMARKS_README):
-        (tmp_path / target.path).write_text(f"# top\n<!-- {target.marker}:start -->\nold\n<!-- {target.marker}:end -->\ntail\n")
+        (tmp_path / target.path).write_text(f"# top\n<!-- {target.marker}:start -->\nold\n"
+                                            f"<!-- {target.marker}:end -->\ntail\n")
     assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 1
     assert "stale: README.md, benchmarks/README.md" in capsys.readouterr().out
     assert readme_tables.main(["--root", str(tmp_path)]) == 0
     readme = (tmp_path / "README.md").read_text()
-    assert readme.startswith("# top\n<!-- results-table:start -->\nOne ") and readme.endswith("<!-- results-table:end -->\ntail\n")
+    assert readme.startswith("# top\n<!-- results-table:start -->\nOne ") and readme.endswith(
+        "<!-- results-table:end -->\ntail\n")
     assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 0
     (tmp_path / "README.md").write_text("no markers\n")
     assert readme_tables.main(["--check", "--root", str(tmp_path)]) == 1
@@ -641,7 +643,7 @@ def test_committed_readmes_are_current_where_they_carry_the_markers():
                 f"{target.path} is stale: run python -m benchmarks.readme_tables")
 
 
-# ---------------------------------------------------------------------- the longest-row search of bench_context_parallel
+# --------------------------------------------------------------- the longest-row search of bench_context_parallel
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -705,7 +707,7 @@ def test_the_context_parallel_benchmark_resumes_from_its_parts(monkeypatch, tmp_
         low, high = result["capacity_ratio_bounds"]
         assert low <= limits[gpus] / limits[1] < high
         assert result["speedup"] == gpus and 0 < result["predicted"]["speedup"] <= gpus
-    assert f"| 4 | 4,000 | 4.00x" in capsys.readouterr().out
+    assert "| 4 | 4,000 | 4.00x" in capsys.readouterr().out
 
     monkeypatch.setattr(bench, "gpu_names", lambda: ["NVIDIA H200"] * 4)
     (tmp_path / "parts" / "tiny_fsdp2_4096" / "longest_row_4.json").unlink()

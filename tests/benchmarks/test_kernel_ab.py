@@ -22,7 +22,8 @@ def test_libraries_parse_in_order_and_bad_specs_name_themselves():
 
 def test_arguments():
     args = kernel_ab.parse_args(["base=/a.so", "new=/b.so", "--pass", "bwd", "--cases", "small", "--rounds", "5"])
-    assert (args.libraries, args.which, args.cases, args.rounds) == ({"base": "/a.so", "new": "/b.so"}, "bwd", "small", 5)
+    assert (args.libraries, args.which, args.cases, args.rounds) == (
+        {"base": "/a.so", "new": "/b.so"}, "bwd", "small", 5)
     defaults = kernel_ab.parse_args(["base=/a.so"])
     assert (defaults.which, defaults.cases, defaults.rounds, defaults.json) == ("fwd", "realistic", 3, None)
     assert kernel_ab.parse_args(["--child", "--pass", "bwd"]).child  # a child needs no libraries

@@ -20,7 +20,6 @@ compute-sanitizer: ``python -m tests.cuda.test_cuda_backward``.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -132,7 +131,8 @@ def _rounding_floor(dout, q, k, v, allowed, scale, softcap, lse) -> tuple[float,
     t = scale * q64 @ k_e.transpose(-1, -2)
     if softcap:
         t = softcap * torch.tanh(t / softcap)
-    p = torch.where(allowed.expand_as(t), torch.exp(t - lse[..., None]), torch.zeros((), dtype=t.dtype, device=t.device))
+    p = torch.where(allowed.expand_as(t), torch.exp(t - lse[..., None]),
+                    torch.zeros((), dtype=t.dtype, device=t.device))
     e = p * (dout64.abs() @ v_e.abs().transpose(-1, -2)) * 2 * q.shape[-1] * 2.0**-24
     dq_floor = scale * e @ k_e.abs()
     dk_floor = (scale * e.transpose(-1, -2) @ q64.abs()).unflatten(1, (k.shape[1], group)).sum(2)
@@ -273,7 +273,8 @@ def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient(block):
 def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block_kv, dim):
     gen = torch.Generator("cuda").manual_seed(block_kv)
     q, k, v, dout = _qkv(2, 4, 2, 190, 250, dim, torch.bfloat16, gen=gen)
-    _check(dout, q, k, v, OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen), block_size=(64, block_kv)))
+    _check(dout, q, k, v, OmniBlockMask.from_dense(_block_mixture(2, 4, 190, 250, 64, block_kv, gen=gen),
+                                                   block_size=(64, block_kv)))
 
 
 @pytest.mark.parametrize("window", [None, 1, 150])
@@ -334,7 +335,8 @@ def test_hopper_main_kernel_takes_128_key_blocks_and_the_switch_turns_it_off(ker
     assert len(names) == 1 and "sm90::" not in names[0], names
 
 
-if __name__ == "__main__":  # small cases (every block type, both block sizes, the token rule, a window) for compute-sanitizer
+# Small cases (every block type, both block sizes, the token rule, a window) for compute-sanitizer.
+if __name__ == "__main__":
     import sys
 
     dims = [int(arg) for arg in sys.argv[1:]] or [96, 128, 256]  # head dims: the arguments, if any

@@ -165,13 +165,15 @@ int main(int argc, char** argv) {
       const int qpos = qb * block_q + kv_len - q_len;
       const omni::BlockSpan s = omni::implicit_row_span(m, qpos, kv_len);
       for (int kb = s.first; kb < s.first + s.count; ++kb)
-        std::printf("r %d %d %d\n", qb, kb, omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
+        std::printf("r %d %d %d\n", qb, kb,
+                    omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
     }
     for (int kb = 0; kb < num_kv; ++kb) {
       const omni::BlockSpan s = omni::implicit_column_span(m, kb, q_len, kv_len);
       for (int qb = s.first; qb < s.first + s.count; ++qb) {
         const int qpos = qb * block_q + kv_len - q_len;
-        std::printf("c %d %d %d\n", qb, kb, omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
+        std::printf("c %d %d %d\n", qb, kb,
+                    omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len));
       }
     }
     std::printf("end\n");

@@ -16,8 +16,14 @@ from omni_hf.mask import RANGE_INEXACT
 from omni_hf.ops import library
 from tests.helpers.brute_force import packed_vlm_ids, without_ranges
 from tests.helpers.gpu_paths import is_hopper, kernel_names
-from tests.helpers.kernel_checks import (LSE_ATOL, LSE_ATOL_SOFTCAP, _gen, _qkv, assert_matches_reference,
-                                         random_block_dense)
+from tests.helpers.kernel_checks import (
+    LSE_ATOL,
+    LSE_ATOL_SOFTCAP,
+    _gen,
+    _qkv,
+    assert_matches_reference,
+    random_block_dense,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("kernel_path", "poisoned_outputs")]
 

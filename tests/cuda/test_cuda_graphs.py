@@ -155,8 +155,9 @@ def test_static_cache_decoding_compiled_without_inductor_gives_eager_logits_exac
     attention_mask = torch.ones_like(prompts)
     for row, pad in enumerate([0, 0, 3, 70, 0, 129, 1, 64]):  # left padding crossing 64- and 128-key blocks
         prompts[row, :pad], attention_mask[row, :pad] = 0, 0
-    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static",
-                    attention_mask=attention_mask.cuda(), return_dict_in_generate=True, output_logits=True)
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+                    cache_implementation="static", attention_mask=attention_mask.cuda(), return_dict_in_generate=True,
+                    output_logits=True)
     torch._dynamo.reset()
     counters.clear()
     with torch.no_grad():

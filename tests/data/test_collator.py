@@ -169,7 +169,8 @@ def test_mask_equals_brute_force_definition_from_samples(batch_and_options):
     batch = OmniCollator(PAD, return_block_mask=True, block_size=64, **options)(samples)
     expected = expected_mask(decode(batch, samples, split_length(options)), samples)
     mask = batch["omni_block_mask"]  # OmniBlockMask.from_token_ids of the batch's ids
-    assert torch.equal(mask.token_rule.doc_ids, batch["omni_doc_ids"]) and torch.equal(mask.token_rule.group_ids, batch["omni_group_ids"])
+    assert torch.equal(mask.token_rule.doc_ids, batch["omni_doc_ids"]) and torch.equal(mask.token_rule.group_ids,
+                                                                                        batch["omni_group_ids"])
     assert (mask.block_q, mask.block_kv) == (64, 64)
     assert np.array_equal(mask.to_dense()[:, 0].numpy(), expected)
 

@@ -12,8 +12,8 @@ import os
 import pickle
 import subprocess
 import sys
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,8 +25,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers "omni")
 from omni_hf import OmniBlockMask, OmniCollator, omni_attention
-from omni_hf.distributed import (ContextParallel, ContextParallelCollator, allowed_keys_per_query, balanced_bounds,
-                                 token_work_in_pairs)
+from omni_hf.distributed import (
+    ContextParallel,
+    ContextParallelCollator,
+    allowed_keys_per_query,
+    balanced_bounds,
+    token_work_in_pairs,
+)
 from tests.helpers.brute_force import random_token_ids, relative_error, token_rule_dense
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "context_parallel.py"
@@ -191,7 +196,8 @@ def test_a_collator_with_bad_arguments_is_refused(world_size, rank, token_cost, 
 
 def test_a_shard_rank_outside_its_bounds_is_refused():
     doc, grp = packed_ids(0)
-    with pytest.raises(ValueError, match=r"rank: expected 0 <= rank < 2 \(the shards of bounds \(0, 300, 600\)\), got 2"):
+    with pytest.raises(ValueError,
+                       match=r"rank: expected 0 <= rank < 2 \(the shards of bounds \(0, 300, 600\)\), got 2"):
         ContextParallel(doc, grp, (0, 300, LENGTH), 2)
 
 

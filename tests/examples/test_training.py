@@ -12,9 +12,9 @@ for extra in ("accelerate", "datasets", "safetensors", "tqdm", "matplotlib"):  #
     pytest.importorskip(extra, reason=f"training/ needs {extra}: python3 -m pip install -e '.[train]'")
 
 from omni_hf import OmniBlockMask, OmniCollator  # noqa: E402
+from omni_hf.integrations.transformers.other_backends import attention_kwargs, dense_mask  # noqa: E402
 from training.data import COLOURS, RGB, SampleEncoder, SceneConfig, make_tokenizer, render  # noqa: E402
 from training.evaluate import held_out_evaluator, summarise  # noqa: E402
-from omni_hf.integrations.transformers.other_backends import attention_kwargs, dense_mask  # noqa: E402
 from training.model import VLM, VisionConfig, build_lm  # noqa: E402
 from training.train_vlm import PRESETS, main, make_splits  # noqa: E402
 

@@ -61,18 +61,18 @@ from transformers import (
     Molmo2ForConditionalGeneration,
     PaliGemmaConfig,
     PaliGemmaForConditionalGeneration,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     Qwen3OmniMoeThinkerConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLMoeConfig,
     Qwen3VLMoeForConditionalGeneration,
-    Qwen3_5Config,
-    Qwen3_5ForConditionalGeneration,
     SiglipConfig,
     SiglipModel,
     SiglipVisionConfig,
@@ -747,7 +747,8 @@ def test_bart_cross_attention_over_a_padded_encoder_batch_matches_eager(decoder_
                         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
     encoder_mask = torch.cat([padding([9], 12, left=False), padding([7], 12, left=True)])
-    decoder_mask = torch.cat([padding([7], decoder_len, left=False), padding([decoder_len - 2], decoder_len, left=True)])
+    decoder_mask = torch.cat([padding([7], decoder_len, left=False),
+                              padding([decoder_len - 2], decoder_len, left=True)])
     inputs = dict(input_ids=text(2, 12, seed=19), attention_mask=encoder_mask,
                   decoder_input_ids=text(2, decoder_len, seed=20), decoder_attention_mask=decoder_mask)
     assert_omni_matches(from_config(BartForConditionalGeneration, config), inputs, lambda out: [
@@ -782,7 +783,8 @@ def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
 def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
     """T5's relative position bias is refused when the model is built with omni (or switched to it), not at the first
     forward, and never silently dropped."""
-    refusal = rf'attn_implementation="omni": {model_class.__name__} uses {feature}, which omni attention does not support'
+    refusal = (rf'attn_implementation="omni": {model_class.__name__} uses {feature}, '
+               rf'which omni attention does not support')
     with pytest.raises(ValueError, match=refusal):
         model_class._from_config(config(), attn_implementation="omni")
     model = model_class._from_config(config(), attn_implementation="eager")

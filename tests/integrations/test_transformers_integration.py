@@ -41,8 +41,8 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 import omni_hf
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import OmniMaskSpec, omni_attention_forward, omni_mask, patches
-from omni_hf.integrations.transformers.packed_towers import PACKED
 from omni_hf.integrations.transformers.layer_mask import block_mask_from_spec
+from omni_hf.integrations.transformers.packed_towers import PACKED
 from omni_hf.ops.attention import MAX_HEAD_DIM
 from tests.helpers.brute_force import naive_attention, relative_error, token_rule_dense
 from tests.helpers.model_checks import assert_close_to_reference, low_precision, models, padding
@@ -167,8 +167,11 @@ def test_patches_touch_only_models_that_choose_omni_and_register_without_patches
         assert not patches.installed() and not hasattr(plain_check, "omni_original")
         omni_hf.register()
         assert patches.installed() and PreTrainedModel.get_correct_attn_implementation.omni_original is plain_check
-        build = lambda attn: Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
-                                                                                attn_implementation=attn)
+
+        def build(attn):
+            return Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
+                                                                      attn_implementation=attn)
+
         build("sdpa")
         assert vision_attention_forwards() == plain_forwards  # a model that does not choose omni: untouched
         build("omni")
@@ -243,7 +246,8 @@ def _with(ids, index, value):
     (dict(omni_doc_ids=_ids(2)[:, :8]), ValueError,
      r"omni_doc_ids: expected one id per key, shape \[B, kv_len=10\] \(the tokens of input_ids and any cached before "
      r"them\), got shape \[2, 8\]"),
-    (dict(omni_group_ids=_ids(2, -1)[:, :9]), ValueError, r"omni_group_ids: expected one id per key.* got shape \[2, 9\]"),
+    (dict(omni_group_ids=_ids(2, -1)[:, :9]), ValueError,
+     r"omni_group_ids: expected one id per key.* got shape \[2, 9\]"),
     (dict(omni_doc_ids=_ids(3)), ValueError,
      r"omni_doc_ids: expected batch 1 or 2 \(that of input_ids\), got shape \[3, 10\]"),
     (dict(omni_doc_ids=_ids(2).float()), TypeError, r"omni_doc_ids: expected integer ids .*torch.float32"),

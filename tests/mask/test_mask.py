@@ -297,8 +297,8 @@ def test_describe_draws_the_causal_picture():
 
 
 def test_to_and_pin_memory_keep_the_mask():
-    mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 50]), torch.tensor([[-1] * 20 + [0] * 60 + [-1] * 70]),
-                                        block_size=64)
+    mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 50]),
+                                        torch.tensor([[-1] * 20 + [0] * 60 + [-1] * 70]), block_size=64)
     moved = mask.to("cpu", non_blocking=True)
     assert torch.equal(moved.to_dense(), mask.to_dense())
     if torch.cuda.is_available():
@@ -363,9 +363,10 @@ def test_validate_reports_each_broken_invariant():
     with pytest.raises(ValueError, match="kv.partial: expected pool ids"):
         corrupt(mask, "kv", partial=bad_pool).validate()
     with pytest.raises(ValueError, match="column view"):
-        corrupt(mask, "q", types=torch.where(mask.q.types == BlockType.FULL, BlockType.CAUSAL, mask.q.types).to(torch.int8)).validate()
-    token_mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 100]), torch.tensor([[-1] * 50 + [0] * 100 + [-1] * 50]),
-                                              block_size=64)
+        corrupt(mask, "q", types=torch.where(mask.q.types == BlockType.FULL, BlockType.CAUSAL,
+                                             mask.q.types).to(torch.int8)).validate()
+    token_mask = OmniBlockMask.from_token_ids(torch.tensor([[0] * 100 + [1] * 100]),
+                                              torch.tensor([[-1] * 50 + [0] * 100 + [-1] * 50]), block_size=64)
     with pytest.raises(ValueError, match="token rule"):
         corrupt(token_mask, "mask", token_rule=None).validate()
     with pytest.raises(ValueError, match="partial_pool"):

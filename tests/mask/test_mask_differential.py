@@ -19,10 +19,10 @@ from transformers import masking_utils as hf
 
 import omni_hf.mask.dense as dense_module
 from omni_hf import OmniBlockMask, omni_attention
-from omni_hf.ops import reference
 from omni_hf.data import OmniCollator
 from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
 from omni_hf.integrations.transformers.layer_mask import layer_mask
+from omni_hf.ops import reference
 from tests.helpers.brute_force import (
     block_mask_dense,
     causal_dense,

@@ -3,8 +3,8 @@
 Each ```python block runs in a fresh interpreter with a temporary directory as its working directory (the
 repository on PYTHONPATH, for blocks that import `examples`; Hugging Face's hub offline: no block may download).
 A ```python gpu block runs only where CUDA is available. Each ```bash block's commands must name things that exist:
-`python3 -m` modules and scripts answer ``--help`` (listing the options the block passes), extras in ``.[...]`` are declared in pyproject.toml, other
-programs are on PATH, and pip is always run as ``python3 -m pip``.
+`python3 -m` modules and scripts answer ``--help`` (listing the options the block passes), extras in ``.[...]`` are
+declared in pyproject.toml, other programs are on PATH, and pip is always run as ``python3 -m pip``.
 Relative links in these documents, in docs/ below them and in the benchmarks READMEs point to files; benchmarks/results
 holds only figures and reports (no scripts, no logs), each named by its folder's README or a document.
 """
@@ -18,11 +18,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,11 +5,11 @@ returns."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 
 from omni_hf import OmniCollator, VisionInputs
