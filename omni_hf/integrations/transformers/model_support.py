@@ -115,7 +115,11 @@ def _head_dims(config) -> list[tuple[str, int]]:
         if dims and all(isinstance(dim, int) for dim in dims):
             return list(zip(types, dims))
     dim = _global_head_dim(config)
-    return [] if dim is None else [(layer_type, dim) for layer_type in dict.fromkeys(types)]
+    if dim is None:
+        return []
+    full_dim = getattr(config, "global_head_dim", None)  # Gemma 4 before per-layer configs: its full-attention layers
+    full_dim = full_dim if isinstance(full_dim, int) else dim
+    return [(layer_type, full_dim if layer_type == "full_attention" else dim) for layer_type in dict.fromkeys(types)]
 
 
 def _global_head_dim(config) -> int | None:
