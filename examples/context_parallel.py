@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -335,6 +336,10 @@ def main() -> None:
             print(CPU_IMBALANCE)
         if args.json:
             args.json.write_text(json.dumps(result, indent=1) + "\n")
+    # The engine's state (DDP's reducer holds a handle on the process group) goes before the group: freed after it,
+    # at exit, the gloo group's destructor can wait forever on threads whose peers have left.
+    del model, optimizer
+    gc.collect()  # and the reference cycles among modules and their hooks with them
     dist.destroy_process_group()
 
 
