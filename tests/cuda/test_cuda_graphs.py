@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from benchmarks.measure import capture_graph
 from omni_hf import OmniBlockMask, omni_attention
 from tests.helpers.brute_force import relative_error
 
@@ -34,22 +35,6 @@ def random_ids(length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.T
         start = int(torch.randint(0, cut - 40, (1,), generator=gen))
         grp[row, start:start + 40] = 0
     return doc, grp
-
-
-def capture_graph(step):
-    """``step()`` warmed up on a side stream, then captured; returns the graph and the captured outputs (the same
-    recipe as benchmarks.measure.capture_graph, restated: these tests also run against an installed omni_hf from any
-    folder, where the benchmarks package is not importable)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
-    return graph, outputs
 
 
 @pytest.mark.parametrize("mask_kind", ["token_rule", "causal"])
