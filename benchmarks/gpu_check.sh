@@ -16,10 +16,10 @@ steps=("$@")
 
 python3 - <<'EOF' 2>&1 | tee "$OUT/environment.log" || exit 1
 import torch, transformers
-from omni_hf.ops import library as _cuda
+from omni_hf.kernels import loader
 print(torch.cuda.get_device_name(), "torch", torch.__version__, "transformers", transformers.__version__)
-print("library", _cuda.library_path(), "available", _cuda.available(), _cuda._load_error())
-assert _cuda.available()
+print("library", loader.library_path(), "available", loader.available(), loader.load_error())
+assert loader.available()
 EOF
 
 run() {  # run STEP COMMAND...: log to $OUT/STEP.log, stop on failure

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from .. import build as _build
 from . import devices, fakes
 
 __all__ = ["ABI_VERSION", "LibraryError", "available", "library", "library_path", "load_error",
@@ -30,38 +29,47 @@ class LibraryError(RuntimeError):
     """The CUDA library cannot be found, built or loaded."""
 
 
+def _builder():
+    """`omni_hf.build`, imported where first needed: ``python -m omni_hf.build`` imports the package before it runs
+    the module, and a build module the package had imported by then would be run a second time (runpy warns)."""
+    from .. import build
+
+    return build
+
+
 def _cache_dir(targets: tuple[str, ...]) -> Path:
     root = os.environ.get("OMNI_HF_CACHE")
     base = Path(root) if root else Path.home() / ".cache" / "omni_hf"
-    return base / _build.source_hash(targets)
+    return base / _builder().source_hash(targets)
 
 
 def _build_into_cache() -> Path:
     """Builds the library for the current GPU into the cache directory (once; a file lock serialises
     concurrent first uses) and returns its path."""
-    if _build.find_nvcc() is None:
+    build = _builder()
+    if build.find_nvcc() is None:
         raise LibraryError("no prebuilt library (install omni_hf from a wheel, or `python3 -m pip install` it where "
                            "nvcc is present, or set OMNI_HF_CUDA_LIB) and nvcc is not available to build one")
-    if not _build.CSRC.is_dir():
-        raise LibraryError(f"no prebuilt library and no CUDA sources at {_build.CSRC} to build one")
+    if not build.CSRC.is_dir():
+        raise LibraryError(f"no prebuilt library and no CUDA sources at {build.CSRC} to build one")
     targets = devices.device_targets(torch.cuda.get_device_capability())
     out = _cache_dir(targets)
     out.mkdir(parents=True, exist_ok=True)
-    lib = out / _build.LIB_NAME
+    lib = out / build.LIB_NAME
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not lib.is_file():
             print(f"omni_hf: building the CUDA kernels into {out} (first use)", file=sys.stderr)
             try:
-                _build.build(out, targets)
-            except _build.BuildError as err:
+                build.build(out, targets)
+            except build.BuildError as err:
                 raise LibraryError(str(err)) from err
     return lib
 
 
 def packaged_library() -> Path:
     """Where an install (regular or editable) puts the library: ``omni_hf/lib/libomni_hf_cuda.so``."""
-    return Path(__file__).resolve().parent.parent / "lib" / _build.LIB_NAME
+    return Path(__file__).resolve().parent.parent / "lib" / _builder().LIB_NAME
 
 
 def library_path() -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,15 @@ def test_head_dim_dispatch_rounds_up_to_the_tables_head_dims(tmp_path):
         assert bool(sm90_fwd) == generator.takes(d, "sm90", "fwd"), d
         assert bool(sm90_bwd) == generator.takes(d, "sm90", "bwd"), d
         assert bool(decode) == generator.takes(d, "decode"), d
+
+
+def test_the_build_command_runs_without_warnings():
+    """``python -m omni_hf.build`` imports the package first; the package must not have imported the build module by
+    then, or runpy runs it a second time and warns."""
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "omni_hf.build", "--help"], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "usage: python -m omni_hf.build" in done.stdout
 
 
 def test_source_hash_changes_with_the_target_arch():
