@@ -37,6 +37,14 @@ int check_shapes(const OmniFwdParams& p) {
   return OMNI_OK;
 }
 
+int check_bias(const OmniFwdParams& p) {
+  if (p.bias.ptr == nullptr) return OMNI_OK;
+  if (p.bias.dtype != OMNI_FP32 && p.bias.dtype != OMNI_FP16 && p.bias.dtype != OMNI_BF16)
+    return fail(OMNI_ERR_DTYPE, "bias.dtype=%d; expected OMNI_FP16 (0), OMNI_BF16 (1) or OMNI_FP32 (2)", p.bias.dtype);
+  if (p.softcap > 0.f) return fail(OMNI_ERR_SHAPE, "bias with softcap=%g: the two are not combined", p.softcap);
+  return OMNI_OK;
+}
+
 }  // namespace
 
 int check_list(const OmniBlockList& list, int rows, const char* name) {
@@ -82,6 +90,7 @@ int check_call_params(const OmniFwdParams& p) {
                 "head_dim=%d; expected a multiple of 8 up to the largest of the kernels' " OMNI_HEAD_DIMS_TEXT,
                 p.head_dim);
   if (int s = check_shapes(p)) return s;
+  if (int s = check_bias(p)) return s;
   if (int s = check_tensor(p.q, "q")) return s;
   if (int s = check_tensor(p.k, "k")) return s;
   if (int s = check_tensor(p.v, "v")) return s;

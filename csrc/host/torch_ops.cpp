@@ -3,9 +3,11 @@
 // one dispatch: the op reads its tensors, allocates its outputs with torch's caching allocator (CUDA-graph safe),
 // takes torch's current stream and calls the C entry points of include/omni_attention.h. Nothing here syncs.
 //
-//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks) -> (out, lse)
-//   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap)
-//       -> (dq, dk, dv)
+//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks, bias) -> (out, lse)
+//   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap, bias,
+//       dbias) -> (dq, dk, dv), adding the bias's gradient into dbias (float32) where given
+//
+// bias / dbias: [B, Hq, Sq, Skv] views of any strides (0 where a dim broadcasts), read and accumulated in place.
 //   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
 //       the token ranges
 //
@@ -120,6 +122,32 @@ void* pointer(const OptTensor& t, ScalarType type, const char* name, int32_t dev
   return t->data_ptr();
 }
 
+// The four strides of a [B, Hq, Sq, Skv] view of q's call (0 where a dim broadcasts), on q's device.
+std::array<int64_t, 4> score_strides(const Tensor& t, const Tensor& q, const Tensor& k, const char* name) {
+  STD_TORCH_CHECK(t.dim() == 4 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2) &&
+                      t.size(3) == k.size(2) && t.is_cuda() && t.get_device_index() == q.get_device_index(),
+                  name, ": expected a [B, Hq, Sq, Skv] view on q's device");
+  auto stride = [&](int d) { return t.size(d) == 1 ? int64_t{0} : t.stride(d); };
+  return {stride(0), stride(1), stride(2), stride(3)};
+}
+
+OmniBias bias_of(const OptTensor& bias, const Tensor& q, const Tensor& k) {
+  if (!bias.has_value()) return OmniBias{};
+  const ScalarType type = bias->scalar_type();
+  STD_TORCH_CHECK(type == ScalarType::Float || type == ScalarType::Half || type == ScalarType::BFloat16,
+                  "bias: expected float32, float16 or bfloat16");
+  const auto s = score_strides(*bias, q, k, "bias");
+  const int32_t dtype = type == ScalarType::Float ? OMNI_FP32 : type == ScalarType::Half ? OMNI_FP16 : OMNI_BF16;
+  return {bias->data_ptr(), dtype, s[0], s[1], s[2], s[3]};
+}
+
+OmniBiasGrad bias_grad_of(const OptTensor& dbias, const Tensor& q, const Tensor& k) {
+  if (!dbias.has_value()) return OmniBiasGrad{};
+  STD_TORCH_CHECK(dbias->scalar_type() == ScalarType::Float, "dbias: expected float32");
+  const auto s = score_strides(*dbias, q, k, "dbias");
+  return {static_cast<float*>(dbias->data_ptr()), s[0], s[1], s[2], s[3]};
+}
+
 // q, k and v as the kernels read them: on one CUDA device, the last dim contiguous (any other stride is copied where
 // the loads cannot read it: readable), k with q's batch and head dim, v shaped as k (their dtypes: element_dtype).
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -224,7 +252,7 @@ OmniFwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptTensor indices, OptTensor types,
                                OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges,
                                int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, double scale,
-                               double softcap, OptTensor sinks) {
+                               double softcap, OptTensor sinks, OptTensor bias) {
   check_qkv(q, k, v);
   STD_TORCH_CHECK(!sinks.has_value() || (sinks->dim() == 1 && sinks->size(0) == q.size(1) && sinks->is_contiguous()),
                   "sinks: expected a contiguous float32 [Hq] tensor");
@@ -237,6 +265,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
                                   true, q.get_device_index());
   OmniFwdParams p = fwd_params(q_in, k_in, v_in, mask, scale, softcap, stream);
   p.sinks = static_cast<const float*>(pointer(sinks, ScalarType::Float, "sinks", q.get_device_index()));
+  p.bias = bias_of(bias, q, k);
   Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, aoti_torch_dtype_float32(), q);
   poison(out, stream);
   poison(lse, stream);
@@ -257,7 +286,8 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, OptTensor num,
                                        OptTensor indices, OptTensor types, OptTensor partial, OptTensor pool,
                                        OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind, int64_t block_q,
-                                       int64_t block_kv, int64_t window, double scale, double softcap) {
+                                       int64_t block_kv, int64_t window, double scale, double softcap, OptTensor bias,
+                                       OptTensor dbias) {
   check_qkv(q, k, v);
   check_mask_extent(num, doc, grp, q, k);
   for (const Tensor* t : {&dout, &out}) {
@@ -283,6 +313,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                      scale, softcap, stream);
   p.fwd.out = view4(out_in, "out");
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
+  p.fwd.bias = bias_of(bias, q, k);
+  p.dbias = bias_grad_of(dbias, q, k);
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
   p.dout = view4(dout_in, "dout");
   p.dq = view4(dq, "dq");
@@ -351,11 +383,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
       "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
-      "int window, float scale, float softcap, Tensor? sinks) -> (Tensor, Tensor)");
+      "int window, float scale, float softcap, Tensor? sinks, Tensor? bias) -> (Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
       "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
-      "int kind, int block_q, int block_kv, int window, float scale, float softcap) -> (Tensor, Tensor, Tensor)");
+      "int kind, int block_q, int block_kv, int window, float scale, float softcap, Tensor? bias, "
+      "Tensor(a!)? dbias) -> (Tensor, Tensor, Tensor)");
   m.def(
       "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

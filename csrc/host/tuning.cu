@@ -29,8 +29,8 @@ bool hopper_can_read(const OmniFwdParams& p) {
 }  // namespace
 
 bool fwd_takes_decode(const OmniFwdParams& p) {
-  return p.mask.kind != OMNI_MASK_BLOCKS && decode_head_dim(kernel_head_dim(p.head_dim)) && p.batch >= 1 &&
-         p.q_len >= 1 && static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= decode::kMaxRows;
+  return p.mask.kind != OMNI_MASK_BLOCKS && p.bias.ptr == nullptr && decode_head_dim(kernel_head_dim(p.head_dim)) &&
+         p.batch >= 1 && p.q_len >= 1 && static_cast<int64_t>(p.q_len) * (p.heads_q / p.heads_kv) <= decode::kMaxRows;
 }
 
 bool fwd_takes_sm90(const OmniFwdParams& p) {

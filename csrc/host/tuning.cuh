@@ -12,7 +12,7 @@
 
 namespace omni::tuning {
 
-// The forward's decode path (decode/decode.cuh) takes every call it can: an implicit mask, a head dim it is
+// The forward's decode path (decode/decode.cuh) takes every call it can: an implicit mask, no bias, a head dim it is
 // instantiated for (up to 128: at 256 its per-thread K row and V pairs would not fit in registers), and at most
 // decode::kMaxRows query rows per KV head (q_len * heads_q / heads_kv).
 bool fwd_takes_decode(const OmniFwdParams& p);

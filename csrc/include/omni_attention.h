@@ -8,13 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 6
+#define OMNI_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { OMNI_FP16 = 0, OMNI_BF16 = 1 } OmniDType;
+typedef enum { OMNI_FP16 = 0, OMNI_BF16 = 1, OMNI_FP32 = 2 } OmniDType;  // q, k, v: fp16 or bf16; a bias: any
 
 // Must match omni_hf.mask.BlockType.
 typedef enum { OMNI_MASKED = 0, OMNI_FULL = 1, OMNI_CAUSAL = 2, OMNI_PARTIAL = 3 } OmniBlockType;
@@ -95,8 +95,25 @@ typedef struct {
   int32_t heads;  // 1 or heads_q (the H of the lists above); 1 for implicit kinds
 } OmniMask;
 
+// An additive score bias, or ptr NULL: the logit of query row i (< q_len) and key j (< kv_len) of batch b, query
+// head h is (capped) scale * q.k + the element at ptr + b * stride_b + h * stride_h + i * stride_q + j * stride_k
+// (elements of dtype; stride 0 broadcasts a dim). Read only for pairs of tiles the mask allows. Not with softcap.
 typedef struct {
-  int32_t dtype;  // OmniDType, of q, k, v, out (and dout, dq, dk, dv)
+  const void* ptr;
+  int32_t dtype;  // OmniDType: fp32, fp16 or bf16
+  int64_t stride_b, stride_h, stride_q, stride_k;
+} OmniBias;
+
+// The bias's gradient, or ptr NULL: the backward adds dL/dlogit of every allowed pair to the float32 element at
+// ptr + b * stride_b + h * stride_h + i * stride_q + j * stride_k with atomics, so a stride-0 dim sums over it (a
+// bias broadcast over the batch gets the batch's sum). The caller zeroes it first; pairs never allowed stay 0.
+typedef struct {
+  float* ptr;
+  int64_t stride_b, stride_h, stride_q, stride_k;
+} OmniBiasGrad;
+
+typedef struct {
+  int32_t dtype;  // OmniDType, of q, k, v, out (and dout, dq, dk, dv): fp16 or bf16
   // head_dim: D, a multiple of 8 up to the largest instantiated head dim; the kernels of the smallest instantiated
   // one at or above it run the call, reading the columns past D as zeros and writing only the first D
   int32_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
@@ -107,6 +124,7 @@ typedef struct {
   // lse = log(exp(sinks[h]) + sum_j exp(s_j)) and out = sum_j exp(s_j - lse) v_j. Read by the forward only: the
   // backward's P = exp(s - lse) already holds the sink.
   const float* sinks;
+  OmniBias bias;  // read by the forward and (to recompute P) the backward
   OmniTensor q, k, v;  // q [B, Hq, q_len, D]; k, v [B, Hkv, kv_len, D]; Hq % Hkv == 0
   OmniTensor out;  // [B, Hq, q_len, D], written by the forward
   float* lse;  // [B, Hq, q_len] fp32 contiguous, natural log; -inf for empty rows
@@ -121,6 +139,7 @@ typedef struct {
   OmniTensor dout;  // [B, Hq, q_len, D]
   OmniTensor dq;  // [B, Hq, q_len, D]
   OmniTensor dk, dv;  // [B, Hkv, kv_len, D] (summed over the query heads of each group)
+  OmniBiasGrad dbias;  // where fwd.bias is given and its gradient wanted, else ptr NULL
   void* workspace;  // device memory of omni_bwd_workspace_bytes(); contents need no init
   size_t workspace_bytes;
 } OmniBwdParams;

@@ -14,6 +14,7 @@
 #pragma once
 #include <cute/tensor.hpp>
 
+#include "common/bias.cuh"
 #include "sm80/bwd_atomic.cuh"
 #include "sm80/bwd_mask.cuh"
 #include "common/bwd_workspace.cuh"
@@ -205,6 +206,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * tanh_in);
       }
+      if (f.bias.ptr != nullptr) {
+        add_bias(acc_s, cS, bias_view(f.bias, b, cur.h), cur.m_block * kBlockM, n0, f.q_len, f.kv_len, 1.f / f.scale);
+      }
       mask_q_tile(acc_s, cS, cur, at, bits);
       auto p_rc = rowcol(acc_s);
       Tensor p_elem = make_tensor<Element>(acc_s.layout());
@@ -234,6 +238,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
         for (int c = 0; c < size<1>(dp_rc); ++c) {
           dp_rc(r, c) = score_grad<kSoftcap>(p_rc(r, c), dp_rc(r, c), d, lse2, 1.f / mul);
         }
+      }
+      if (p.dbias.ptr != nullptr) {
+        accumulate_bias_grad(acc_dp, cS, p.dbias, b, cur.h, cur.m_block * kBlockM, n0, f.q_len, f.kv_len);
       }
       Tensor ds_elem = convert_fragment<Element>(acc_dp);
       copy(store_pds, retile(store_pds, ds_elem), tPsdS);

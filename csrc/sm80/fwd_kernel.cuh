@@ -1,6 +1,6 @@
 // The sm_80 forward: one CTA per (query tile = mask Q block, head, batch) walks only the active key tiles of
 // its block row. Per tile (FlashAttention-2 order, single K and V buffers):
-//   wait K(t) | issue V(t) | PARTIAL: rule -> bits | S = Q K^T | softcap, mask by kind | wait V(t) |
+//   wait K(t) | issue V(t) | PARTIAL: rule -> bits | S = Q K^T | softcap, bias, mask by kind | wait V(t) |
 //   issue K(t+1) + its mask data | online softmax | O += P V
 // so the next K loads during the softmax and P.V, and V(t) during Q.K^T. Loop-carried scalars are kept few:
 // pointers come from the __grid_constant__ params and per-thread partitions are rebuilt from
@@ -8,6 +8,7 @@
 #pragma once
 #include <cute/tensor.hpp>
 
+#include "common/bias.cuh"
 #include "common/fragment.cuh"
 #include "sm80/kernel_traits.cuh"
 #include "common/kv_tiles.cuh"
@@ -162,6 +163,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
     clear(acc_s);
     gemm_ss(acc_s, tSrQ, tSrK, ldsm_src(copy_q, sQ), ldsm_src(copy_k, sK), mma, copy_q, copy_k);
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
+    if (p.bias.ptr != nullptr) {
+      add_bias(acc_s, score_coords(), bias_view(p.bias, b, h), row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
+    }
     mask_tile(acc_s, score_coords(), tile, bits, p, qpos0);
 
     cp_async_wait<0>();

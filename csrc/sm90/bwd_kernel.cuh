@@ -27,6 +27,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "common/bias.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/bwd_walk.cuh"
@@ -308,6 +309,10 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * (f.scale / f.softcap));
     }
+    if (f.bias.ptr != nullptr) {
+      add_bias<true>(acc_s, cS, bias_view(f.bias, b, tile.h), tile.m_block * kBlockM, n0, f.q_len, f.kv_len,
+                     1.f / f.scale);
+    }
     if (tile.kind != kTileFull) {
       mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, jj0, s.q_ids[stage], s.k_ids);
     }
@@ -335,6 +340,9 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       for (int r = 0; r < size<0>(dp_rc); ++r) {
         dp_rc(r, c) = bwd::score_grad<kSoftcap>(s_rc(r, c), dp_rc(r, c), dsum, lse2, 1.f / mul);
       }
+    }
+    if (p.dbias.ptr != nullptr) {
+      accumulate_bias_grad<true>(acc_dp, cS, p.dbias, b, tile.h, tile.m_block * kBlockM, n0, f.q_len, f.kv_len);
     }
     rdS = convert_fragment<Element>(acc_dp);
     if constexpr (!kWideHead) gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);

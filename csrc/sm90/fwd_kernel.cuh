@@ -15,6 +15,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "common/bias.cuh"
 #include "common/fragment.cuh"
 #include "common/kv_tiles.cuh"
 #include "omni_attention.h"
@@ -222,6 +223,11 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
   };
   auto mask_and_softmax = [&](int t, const KvTile& tile, int stage) {  // S(t) has landed
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
+    if (p.bias.ptr != nullptr) {
+      const Tensor cS = mma_qk.get_thread_slice(unhoisted(ctid))
+                            .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      add_bias(acc_s, cS, bias_view(p.bias, b, h), row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
+    }
     if (tile.kind != kTileFull) {
       // Derived here from an unhoisted ctid: from the plain one, the coordinates were hoisted out of the tile loop
       // and kept live across it (a register per key column of the thread), which spilled the softmax state at 192
