@@ -383,12 +383,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
       "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
-      "int window, float scale, float softcap, Tensor? sinks, Tensor? bias) -> (Tensor, Tensor)");
+      "int window, float scale, float softcap, Tensor? sinks, Tensor? bias=None) -> (Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
       "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
-      "int kind, int block_q, int block_kv, int window, float scale, float softcap, Tensor? bias, "
-      "Tensor(a!)? dbias) -> (Tensor, Tensor, Tensor)");
+      "int kind, int block_q, int block_kv, int window, float scale, float softcap, Tensor? bias=None, "
+      "Tensor(a!)? dbias=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
