@@ -28,12 +28,12 @@ def register_fakes() -> None:
 
     @torch.library.register_fake("omni_hf::fwd")
     def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,
-          softcap, sinks):
+          softcap, sinks, bias=None):
         return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.register_fake("omni_hf::bwd")
     def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
-          window, scale, softcap):
+          window, scale, softcap, bias=None, dbias=None):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")
