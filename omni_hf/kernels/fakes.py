@@ -24,16 +24,18 @@ def _like(t: torch.Tensor) -> torch.Tensor:
 
 
 def register_fakes() -> None:
-    """Registers the fake implementations of ``omni_hf::fwd``, ``omni_hf::bwd`` and ``omni_hf::token_mask``."""
+    """Registers the fake implementations of ``omni_hf::fwd``, ``omni_hf::bwd`` and ``omni_hf::token_mask``.
+    ``omni_hf::bwd`` adds bias's gradient into ``dbias`` (``Tensor(a!)?``, mutated in place), so it returns nothing
+    more."""
 
     @torch.library.register_fake("omni_hf::fwd")
     def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,
-          softcap, sinks):
+          softcap, sinks, bias):
         return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.register_fake("omni_hf::bwd")
     def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
-          window, scale, softcap):
+          window, scale, softcap, bias, dbias):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")
