@@ -71,9 +71,15 @@ def masks_of_every_kind(batch, heads_q, q_len, kv_len, device, gen) -> list[tupl
     ]
 
 
-def run_omni(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None, bias_grad=True):
+def run_omni(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None, bias_grad=True, backward=True):
     """out, lse and the gradients (dq, dk, dv, the bias leaf's, dsinks where sinks are given) of `omni_attention`
-    on leaf copies of the inputs; the bias leaf needs no gradient unless ``bias_grad`` (its gradient is then None)."""
+    on leaf copies of the inputs; the bias leaf needs no gradient unless ``bias_grad`` (its gradient is then None).
+    Without ``backward``, a forward under no_grad (no gradients)."""
+    if not backward:
+        with torch.no_grad():
+            out, lse = omni_attention(q, k, v, mask, scale=scale, sinks=sinks, bias=BIAS_LAYOUTS[layout][1](leaf),
+                                      return_lse=True)
+        return out, lse, []
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     bias = leaf.detach().clone().requires_grad_(bias_grad)
     sink_leaf = None if sinks is None else sinks.detach().clone().requires_grad_()
@@ -84,12 +90,15 @@ def run_omni(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None, bias_
     return out, lse, grads
 
 
-def run_definition(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None):
-    """`run_omni`'s outputs and gradients from `bias_definition` in float64 (the bias leaf's gradient always)."""
+def run_definition(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None, backward=True):
+    """`run_omni`'s outputs and gradients from `bias_definition` in float64 (the bias leaf's gradient always;
+    none without ``backward``)."""
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v, leaf)]
     sink_leaf = None if sinks is None else sinks.detach().double().requires_grad_()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     bias = BIAS_LAYOUTS[layout][1](leaves[3])
     out, lse = bias_definition(*leaves[:3], mask.to_dense().to(q.device), scale, bias, sink_leaf)
+    if not backward:
+        return out.detach(), lse.detach(), []
     out.backward(dout.double())
     return out, lse, [t.grad for t in leaves] + ([] if sink_leaf is None else [sink_leaf.grad])
