@@ -188,14 +188,17 @@ def logits_at(rows: torch.Tensor) -> Callable:
 GREEDY = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="dynamic", pad_token_id=0)
 
 
-def assert_greedy_generation_token_equal(build, inputs: dict, reference: str):
-    """Greedy generation (dynamic cache) of omni equals the reference's, token for token. No row may repeat one
-    token throughout: that would only test the prompt's last step."""
+def assert_greedy_generation_token_equal(build, inputs: dict, reference: str, cache: str = "dynamic"):
+    """Greedy generation (dynamic cache, or ``cache``) of omni equals the reference's, token for token. No row may
+    repeat one token throughout: that would only test the prompt's last step. An encoder-decoder's output holds only
+    the decoder's tokens (after its start token)."""
     omni, ref, _ = models(build, CPU, reference)
-    generated = omni.generate(**inputs, **GREEDY)
-    new_tokens = generated[:, inputs["input_ids"].shape[1]:].tolist()
+    greedy = dict(GREEDY, cache_implementation=cache)
+    generated = omni.generate(**inputs, **greedy)
+    prompt = 1 if omni.config.is_encoder_decoder else inputs["input_ids"].shape[1]
+    new_tokens = generated[:, prompt:].tolist()
     assert len(new_tokens[0]) == GREEDY["max_new_tokens"] and all(len(set(row)) > 1 for row in new_tokens)
-    assert torch.equal(generated, ref.generate(**inputs, **GREEDY))
+    assert torch.equal(generated, ref.generate(**inputs, **greedy))
 
 
 # ---------------------------------------------------------------------- decoder LMs
@@ -851,6 +854,18 @@ def test_t5_scale_and_bias_reach_the_op():
     assert len(seen) == 6 and all(scaling == 1.0 for scaling, _ in seen)
     bias = seen[0][1]
     assert bias.shape == (1, 2, 12, 12) and bias.stride(-1) == 2 and bias.requires_grad
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_t5_greedy_generate_over_a_padded_encoder_batch_is_token_equal(cache):
+    """10 new tokens from a padded batch of two (weights 3x the default scale, so that no row repeats one token). The
+    static cache's keys fill its slots from the front, so omni reorders them to end the buffer, and the decoder's
+    bias (computed over the slots) with them."""
+    served_here(T5ForConditionalGeneration)
+    config = t5_config()
+    config.initializer_factor = 3.0
+    inputs = dict(input_ids=text(2, 12, seed=21), attention_mask=encoder_decoder_masks(2, 12, 10)[0])
+    assert_greedy_generation_token_equal(from_config(T5ForConditionalGeneration, config), inputs, "eager", cache)
 
 
 def pix2struct_config():
