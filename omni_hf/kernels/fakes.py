@@ -24,7 +24,9 @@ def _like(t: torch.Tensor) -> torch.Tensor:
 
 
 def register_fakes() -> None:
-    """Registers the fake implementations of ``omni_hf::fwd``, ``omni_hf::bwd`` and ``omni_hf::token_mask``."""
+    """Registers the fake implementations of ``omni_hf::fwd``, ``omni_hf::bwd`` and ``omni_hf::token_mask``.
+    ``omni_hf::bwd`` adds bias's gradient into ``dbias`` (``Tensor(a!)?``, mutated in place), so it returns nothing
+    more."""
 
     @torch.library.register_fake("omni_hf::fwd")
     def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,

@@ -25,6 +25,7 @@ from . import library, reference
 __all__ = ["omni_attention"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 
@@ -37,6 +38,7 @@ def omni_attention(
     scale: float | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` over ``k``, ``v`` where ``block_mask`` allows.
@@ -54,6 +56,13 @@ def omni_attention(
         sinks: ``[Hq]`` learnable sink logits (gpt-oss's ``s_aux``), float32 or q's dtype, on q's device: each joins
             its head's softmax denominators as ``exp(sink)`` and takes no value; differentiable. A row with no
             allowed key then outputs 0 with LSE = its sink.
+        bias: an additive score bias (T5's ``position_bias``), broadcastable to ``[B, Hq, Sq, Skv]`` (as
+            ``[1, Hq, Sq, Skv]``, ``[B, 1, Sq, Skv]``, ``[Hq, Sq, Skv]``, ``[Sq, Skv]``), float32, float16 or
+            bfloat16 whatever q's dtype, on q's device, any strides (never copied: T5's permuted view is read as
+            it is). The logits become ``scale * q.k + bias[b, h, i, j]`` where the mask allows ``(i, j)``, -inf
+            elsewhere: masked pairs never read bias and get zero gradient. Differentiable: its gradient is the
+            gradient of the logits summed over the dims where bias broadcasts, in bias's dtype and shape. Cannot be
+            combined with ``softcap`` (ValueError).
         return_lse: also return the log-sum-exp of each row (the sink included).
 
     Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
@@ -64,7 +73,7 @@ def omni_attention(
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
     q, k, v = cast_for_autocast(q, k, v)
-    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks)
+    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks, bias)
     return (out, lse) if return_lse else out
 
 
@@ -108,17 +117,19 @@ def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
 
 
 def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
-    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` is not
-    part of the prepared call (each layer has its own): checked here."""
+    the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` and
+    ``bias`` are not part of the prepared call (each layer has its own): checked here."""
     if sinks is not None:
         _check_sinks(sinks, q)
+    if bias is not None:
+        _check_bias(bias, q, k, call.softcap)
     try:
-        inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            return _Attention.apply(q, k, v, sinks, *call)
-        return _forward(q, k, v, sinks, *call)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+                sinks is not None and sinks.requires_grad) or (bias is not None and bias.requires_grad)):
+            return _Attention.apply(q, k, v, sinks, bias, *call)
+        return _forward(q, k, v, sinks, bias, *call)
     except RuntimeError:
         if call.backend == _CUDA:
             _explain_inputs(q, k, v, OmniBlockMask.from_tuple(call.mask_tensors, call.mask_sizes), call.scale,
@@ -131,39 +142,47 @@ def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 _CUDA, _REFERENCE = "cuda", "reference"
 
 
-def _forward(q, k, v, sinks, backend: str, mask_tensors, mask_sizes, scale: float, softcap: float):
+def _forward(q, k, v, sinks, bias, backend: str, mask_tensors, mask_sizes, scale: float, softcap: float):
     """(out, lse) of ``backend`` for the mask flattened by `OmniBlockMask.as_tuple`; the reference runs as its
     custom op while compiling (opaque to Dynamo)."""
     if backend == _CUDA:
         kernel_sinks = None if sinks is None else sinks.detach().float().contiguous()
-        return library.forward(q, k, v, mask_tensors, mask_sizes, scale, softcap, kernel_sinks)
+        return library.forward(q, k, v, mask_tensors, mask_sizes, scale, softcap, kernel_sinks, bias)
     if torch.compiler.is_compiling():
-        return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks)
+        return reference_forward_op(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks, bias)
     return reference.attention_forward(q, k, v, OmniBlockMask.from_tuple(mask_tensors, mask_sizes), scale,
-                                       softcap or None, sinks)
+                                       softcap or None, sinks, bias)
 
 
-def _backward(backend: str, dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale: float, softcap: float):
-    """(dq, dk, dv) of ``backend`` from the forward's out and lse."""
+def _backward(backend: str, dout, q, k, v, out, lse, bias, bias_grad: bool, mask_tensors, mask_sizes, scale: float,
+              softcap: float):
+    """(dq, dk, dv, dbias) of ``backend`` from the forward's out and lse; dbias (where ``bias_grad``, else None) is
+    float32 of bias's own shape, which the backward adds the gradient of the logits into (summing the dims where
+    bias broadcasts)."""
+    dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad else None
     if backend == _CUDA:
-        return library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
-    if torch.compiler.is_compiling():
-        return reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap)
-    return reference.attention_backward(dout, q, k, v, out, lse, OmniBlockMask.from_tuple(mask_tensors, mask_sizes),
-                                        scale, softcap or None)
+        grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias)
+    elif torch.compiler.is_compiling():
+        grads = reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias)
+    else:
+        grads = reference.attention_backward(dout, q, k, v, out, lse,
+                                             OmniBlockMask.from_tuple(mask_tensors, mask_sizes), scale,
+                                             softcap or None, bias, dbias)
+    return (*grads, dbias)
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd of `omni_attention`: ``forward(q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap)
-    -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`. The mask travels
-    flattened (`OmniBlockMask.as_tuple`) so that
-    Dynamo sees only tensors and constants; its tensors never need a gradient, so they ride on ctx rather than
-    through save_for_backward, which keeps the call's argument count (and its host cost) small."""
+    """Autograd of `omni_attention`: ``forward(q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale,
+    softcap) -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`, bias (or
+    None) the backend's dbias, in bias's dtype, allocated only where bias needs it. The mask travels flattened
+    (`OmniBlockMask.as_tuple`) so that Dynamo sees only tensors and constants; its tensors never need a gradient, so
+    they ride on ctx rather than through save_for_backward, which keeps the call's argument count (and its host
+    cost) small."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap):
-        out, lse = _forward(q, k, v, sinks, backend, mask_tensors, mask_sizes, scale, softcap)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+    def forward(ctx, q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale, softcap):
+        out, lse = _forward(q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale, softcap)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, bias)
         ctx.args = backend, mask_tensors, mask_sizes, scale, softcap
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for lse's gradient
@@ -171,44 +190,50 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks, bias = ctx.saved_tensors
         backend, tensors, sizes, scale, softcap = ctx.args
         if grad_out is None:
-            return (None,) * 9
-        grads = _backward(backend, grad_out, q, k, v, out, lse, tensors, sizes, scale, softcap)
+            return (None,) * 10
+        bias_grad = bias is not None and ctx.needs_input_grad[4]
+        dq, dk, dv, dbias = _backward(backend, grad_out, q, k, v, out, lse, bias, bias_grad, tensors, sizes, scale,
+                                      softcap)
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             dsinks = reference.sink_gradient(grad_out, out, lse, sinks)
-        return (*grads, dsinks, None, None, None, None, None)
+        if dbias is not None:
+            dbias = dbias.to(bias.dtype)
+        return dq, dk, dv, dsinks, dbias, None, None, None, None, None
 
 
 @torch.library.custom_op("omni_hf::reference_forward", mutates_args=())
 def reference_forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: list[Optional[torch.Tensor]],
-    mask_sizes: list[int], scale: float, softcap: float, sinks: Optional[torch.Tensor],
+    mask_sizes: list[int], scale: float, softcap: float, sinks: Optional[torch.Tensor], bias: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference forward as one op (for compiled graphs): out ``[B, Hq, Sq, D]``, lse float32 ``[B, Hq, Sq]``."""
     mask = OmniBlockMask.from_tuple(mask_tensors, mask_sizes)
-    return reference.attention_forward(q, k, v, mask, scale, softcap or None, sinks)
+    return reference.attention_forward(q, k, v, mask, scale, softcap or None, sinks, bias)
 
 
 @reference_forward_op.register_fake
-def _(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks):
+def _(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks, bias):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op("omni_hf::reference_backward", mutates_args=())
+@torch.library.custom_op("omni_hf::reference_backward", mutates_args=("dbias",))
 def reference_backward_op(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     mask_tensors: list[Optional[torch.Tensor]], mask_sizes: list[int], scale: float, softcap: float,
+    bias: Optional[torch.Tensor], dbias: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reference backward as one op: dq, dk, dv shaped like q, k, v (contiguous)."""
+    """The reference backward as one op: dq, dk, dv shaped like q, k, v (contiguous); adds bias's gradient into
+    ``dbias`` (float32, bias's shape) where given, as ``omni_hf::bwd`` does."""
     mask = OmniBlockMask.from_tuple(mask_tensors, mask_sizes)
-    return reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap or None)
+    return reference.attention_backward(dout, q, k, v, out, lse, mask, scale, softcap or None, bias, dbias)
 
 
 @reference_backward_op.register_fake
-def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap):
+def _(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -323,6 +348,25 @@ def _check_sinks(sinks, q: torch.Tensor) -> None:
         raise TypeError(f"sinks: expected dtype torch.float32 or q's {q.dtype}, got {sinks.dtype}")
     if sinks.device != q.device:
         raise ValueError(f"sinks: expected device {q.device} (that of q), got {sinks.device}")
+
+
+def _check_bias(bias, q: torch.Tensor, k: torch.Tensor, softcap: float) -> None:
+    """bias: a float32 / float16 / bfloat16 tensor broadcastable to ``[B, Hq, Sq, Skv]`` on q's device, in a call
+    without softcap."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor broadcastable to [B, Hq, Sq, Skv] or None, got "
+                        f"{type(bias).__name__}")
+    target = (*q.shape[:3], k.shape[2])
+    if bias.dim() > 4 or any(size not in (1, full) for size, full in zip(reversed(bias.shape), reversed(target))):
+        raise ValueError(f"bias: expected a shape broadcastable to [B, Hq, Sq, Skv] = {list(target)} (at most 4 dims, "
+                         f"each 1 or that size), got {tuple(bias.shape)}")
+    if bias.dtype not in BIAS_DTYPES:
+        raise TypeError(f"bias: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {bias.dtype}")
+    if bias.device != q.device:
+        raise ValueError(f"bias: expected device {q.device} (that of q), got {bias.device}")
+    if softcap:
+        raise ValueError(f"bias: softcap and bias cannot be combined: expected softcap=None with a bias, got "
+                         f"softcap={softcap}")
 
 
 def _looks_like_bshd(q: torch.Tensor, k: torch.Tensor, block_mask: OmniBlockMask) -> bool:

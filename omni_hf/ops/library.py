@@ -6,8 +6,9 @@ takes flat tensors and ints only (a mask as `omni_hf.mask.OmniBlockMask.as_tuple
 
 - `available()`: a CUDA device is present and the library loads (never raises);
 - `unsupported_reason(q, mask_sizes)`: None when the kernels can run such a call, else a short reason;
-- `forward(q, k, v, mask_tensors, mask_sizes, scale, softcap) -> (out, lse)`;
-- `backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap) -> (dq, dk, dv)`.
+- `forward(q, k, v, mask_tensors, mask_sizes, scale, softcap, sinks=None, bias=None) -> (out, lse)`;
+- `backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias=None, dbias=None)
+  -> (dq, dk, dv)`, adding bias's gradient into ``dbias`` where given.
 
 Outputs follow their input's memory layout: where q is a transposed ``[B, S, H, D]`` tensor (what Transformers
 hands over), out and dq are too, so transposing them back costs no copy (`output_strides`).
@@ -86,7 +87,7 @@ def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None],
             mask_sizes: Sequence[int], scale: float, softcap: float | None,
-            sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on the GPU (``omni_hf::fwd``).
 
     Args:
@@ -95,6 +96,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Seq
         scale: multiplies q.k; softcap: None or 0 for none, else > 0.
         sinks: None, or float32 ``[Hq]`` contiguous on q's device: each query head's sink logit, which joins every
             row's softmax denominator and takes no value.
+        bias: None, or float32 / float16 / bfloat16 broadcastable to ``[B, Hq, Sq, Skv]`` on q's device, any
+            strides: added to the scores where the mask allows (softcap must be 0). The op takes it expanded to
+            exactly ``[B, Hq, Sq, Skv]`` (a view: broadcast dims get stride 0, nothing is copied).
     Returns:
         out ``[B, Hq, Sq, D]`` in q's dtype and layout (`output_strides`) and lse float32 ``[B, Hq, Sq]``
         (the sink included; -inf on empty rows without a sink).
@@ -103,14 +107,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Seq
     pool, doc, grp, ranges = mask_tensors[SHARED]
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                         block_q, block_kv, window, scale, softcap or 0.0, sinks)
+                                         block_q, block_kv, window, scale, softcap or 0.0, sinks,
+                                         _expanded(bias, q, k))
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None], mask_sizes: Sequence[int], scale: float,
-             softcap: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse; the mask as in `forward`.
+             softcap: float | None, bias: torch.Tensor | None = None,
+             dbias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse; the mask, scalars and
+    ``bias`` as in `forward`.
 
+    Args:
+        dbias: None, or a float32 tensor of bias's own (un-expanded) shape, contiguous, on q's device, into which
+            the op adds bias's gradient (the gradient of the logits, dL/ds, where the mask allows): the op takes it
+            expanded to ``[B, Hq, Sq, Skv]``, so its atomics sum over the dims where bias broadcasts. Needs ``bias``.
     Returns:
         dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]``, each in its input's dtype and layout.
     """
@@ -118,4 +129,13 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     pool, doc, grp, ranges = mask_tensors[SHARED]
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
-                                         kind, block_q, block_kv, window, scale, softcap or 0.0)
+                                         kind, block_q, block_kv, window, scale, softcap or 0.0, _expanded(bias, q, k),
+                                         _expanded(dbias, q, k))
+
+
+def _expanded(t: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """``t`` (broadcastable to ``[B, Hq, Sq, Skv]``) as a view of exactly that shape, or None."""
+    if t is None:
+        return None
+    batch, heads_q, q_len, _ = q.shape
+    return t.expand(batch, heads_q, q_len, k.shape[2])

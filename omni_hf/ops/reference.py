@@ -4,6 +4,13 @@ Scores and softmax run in float32 (float64 for float64 inputs), chunked over que
 at ``chunk x kv_len`` per head: S = 16k runs on a CPU. GQA shares each K/V head among its query heads
 by a view, never a copy. A query row with no allowed key gives output 0, LSE = -inf (the sink's logit where the
 call has sinks) and zero gradient. The backward needs no sinks: ``P = exp(s - lse)`` holds them through the LSE.
+
+An additive score bias (``bias``, broadcastable to ``[B, Hq, Sq, Skv]``, as T5's relative position bias) joins the
+scores after the softcap and before the mask, chunk by chunk: the chunk's rows of bias, in the accumulation dtype,
+viewed in the grouped layout ``[B|1, Hkv|1, G|1, rows, Skv|1]`` and added to the scores by broadcasting (no copy of
+more than one chunk of it). Masked pairs become -inf whatever bias holds there. Its gradient is the gradient of the
+logits, ``ds``, summed per chunk over the dims where bias broadcasts and added into a caller's accumulator of bias's
+shape (`attention_backward`'s ``dbias``), as the CUDA op adds it; masked pairs and rows with no allowed key add 0.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ def attention_forward(
     scale: float | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention.
 
@@ -34,6 +42,8 @@ def attention_forward(
         scale: multiplies ``q.k`` (default ``D ** -0.5``); softcap: ``s -> softcap * tanh(s / softcap)``.
         sinks: None, or ``[Hq]`` float: each query head's sink logit, one more term ``exp(sink)`` of every row's
             softmax denominator that takes no value.
+        bias: None, or a float tensor broadcastable to ``[B, Hq, Sq, Skv]`` (any strides): added to the (softcapped)
+            scores where the mask allows.
     Returns:
         out ``[B, Hq, Sq, D]`` in q's dtype and lse float32 ``[B, Hq, Sq]`` (natural log, the sink included; -inf
         on empty rows without a sink, the sink's logit on empty rows with one).
@@ -48,6 +58,8 @@ def attention_forward(
     for start, stop in _chunks(q, k):
         allowed = _mask_rows(mask, start, stop, heads_kv, q.device)
         s, _ = _scores(_grouped_q(q, heads_kv, start, stop, acc), kf, scale, softcap)
+        if bias is not None:
+            s += _bias_rows(bias, start, stop, heads_kv, acc)
         s = s.masked_fill_(~allowed, float("-inf"))
         row_max = s.amax(-1, keepdim=True)
         if sink is not None:
@@ -72,11 +84,16 @@ def attention_backward(
     mask: OmniBlockMask | torch.Tensor,
     scale: float | None = None,
     softcap: float | None = None,
+    bias: torch.Tensor | None = None,
+    dbias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of `attention_forward` from its saved ``out`` and ``lse`` (the kernels' recipe).
 
     Args:
-        dout: ``[B, Hq, Sq, D]``; the others as in `attention_forward` and its outputs.
+        dout: ``[B, Hq, Sq, D]``; the others as in `attention_forward` and its outputs (``bias`` the forward's).
+        dbias: None, or a contiguous float32 (float64 for float64 inputs) tensor of bias's shape into which the
+            gradient of bias is added: the gradient of the logits summed over the dims where bias broadcasts (the
+            CUDA op's contract, with the accumulator un-expanded). Needs ``bias`` and no softcap.
     Returns:
         dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]`` (summed over each group's query heads),
         in the dtypes of q, k, v.
@@ -91,11 +108,15 @@ def attention_backward(
         allowed = _mask_rows(mask, start, stop, heads_kv, q.device)
         qc, doc, oc, row_lse = (_grouped_q(x, heads_kv, start, stop, acc) for x in (q, dout, out, lse[..., None]))
         s, tanh = _scores(qc, kf, scale, softcap)
+        if bias is not None:
+            s += _bias_rows(bias, start, stop, heads_kv, acc)
         live = allowed & torch.isfinite(row_lse)
         p = torch.where(live, torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)), 0.0)
         dv += (p.transpose(-1, -2) @ doc).sum(2, keepdim=True)
         dp = doc @ vf.transpose(-1, -2)
         ds = p * (dp - (doc * oc).sum(-1, keepdim=True))
+        if dbias is not None:
+            _add_bias_gradient(dbias, ds, start, stop)
         if tanh is not None:
             ds = ds * (1 - tanh * tanh)
         dq[:, :, start:stop] = _ungroup(ds @ kf * scale).to(q.dtype)
@@ -156,6 +177,36 @@ def _scores(qc, kf, scale, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
         return s, None
     tanh = torch.tanh(s / softcap)
     return softcap * tanh, tanh
+
+
+def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    """A tensor of at most 4 dims as a 4-dim view, size-1 dims prepended."""
+    return x[(None,) * (4 - x.dim())]
+
+
+def _bias_rows(bias: torch.Tensor, start: int, stop: int, heads_kv: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``start:stop`` of a bias broadcastable to ``[B, Hq, Sq, Skv]`` in ``dtype``, as ``[B|1, Hkv|1, G|1,
+    rows|1, Skv|1]`` (broadcast against the grouped scores; a view of bias's own memory where dtype allows)."""
+    rows = _as_4d(bias)
+    if rows.shape[2] != 1:
+        rows = rows[:, :, start:stop]
+    rows = rows.to(dtype)
+    if rows.shape[1] == 1:
+        return rows[:, :, None]
+    return rows.unflatten(1, (heads_kv, rows.shape[1] // heads_kv))
+
+
+def _add_bias_gradient(dbias: torch.Tensor, ds: torch.Tensor, start: int, stop: int) -> None:
+    """Adds the gradient of the logits of rows ``start:stop`` (``ds``, ``[B, Hkv, G, rows, Skv]``) into ``dbias``
+    (bias's shape), summed over the dims where bias broadcasts."""
+    target = _as_4d(dbias)
+    grad = _ungroup(ds)
+    summed = tuple(d for d in range(4) if target.shape[d] == 1 and grad.shape[d] != 1)
+    if summed:
+        grad = grad.sum(summed, keepdim=True)
+    if target.shape[2] != 1:
+        target = target[:, :, start:stop]
+    target += grad.to(target.dtype)
 
 
 def _mask_rows(mask: OmniBlockMask | torch.Tensor, start: int, stop: int, heads_kv: int,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import transformers
 from transformers import (
     AttentionInterface,
     BartConfig,
@@ -37,6 +38,8 @@ from transformers import (
     Gemma4Config,
     Gemma4ForConditionalGeneration,
     GemmaConfig,
+    GotOcr2Config,
+    GotOcr2ForConditionalGeneration,
     GptOssConfig,
     GptOssForCausalLM,
     HunYuanVLConfig,
@@ -61,6 +64,8 @@ from transformers import (
     Molmo2ForConditionalGeneration,
     PaliGemmaConfig,
     PaliGemmaForConditionalGeneration,
+    Pix2StructConfig,
+    Pix2StructForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
@@ -85,6 +90,7 @@ from transformers import (
 import omni_hf
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import omni_attention_forward
+from omni_hf.integrations.transformers.model_support import own_attention, unsupported_feature
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
 
@@ -143,11 +149,12 @@ def outputs_and_grads(model, inputs: dict, select: Callable) -> tuple[list[torch
 
 
 def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str, int], reference="eager",
-                        own: dict[str, str] | None = None):
+                        own: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """omni against ``reference`` on one set of weights: the outputs ``select`` picks (real-token positions
     only: Transformers leaves rows of padding tokens arbitrary) and every parameter gradient, to 1e-5 relative
     error. ``reaches``: the attention calls per module class that must reach omni in the forward. ``own``: the
-    towers (model class name) that keep their own attention under omni, and the implementation they run."""
+    towers (model class name) that keep their own attention under omni, and the implementation they run. Returns
+    omni's parameter gradients by name."""
     omni, ref, _ = models(build, CPU, reference)
     assert_implementations(omni, "omni", own or {})
     assert_implementations(ref, reference, {})
@@ -160,6 +167,7 @@ def assert_omni_matches(build, inputs: dict, select: Callable, reaches: dict[str
     assert grads.keys() == ref_grads.keys() and grads
     for name in ref_grads:
         assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
+    return grads
 
 
 def assert_implementations(model: torch.nn.Module, attn: str, own: dict[str, str]):
@@ -180,14 +188,17 @@ def logits_at(rows: torch.Tensor) -> Callable:
 GREEDY = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="dynamic", pad_token_id=0)
 
 
-def assert_greedy_generation_token_equal(build, inputs: dict, reference: str):
-    """Greedy generation (dynamic cache) of omni equals the reference's, token for token. No row may repeat one
-    token throughout: that would only test the prompt's last step."""
+def assert_greedy_generation_token_equal(build, inputs: dict, reference: str, cache: str = "dynamic"):
+    """Greedy generation (dynamic cache, or ``cache``) of omni equals the reference's, token for token. No row may
+    repeat one token throughout: that would only test the prompt's last step. An encoder-decoder's output holds only
+    the decoder's tokens (after its start token)."""
     omni, ref, _ = models(build, CPU, reference)
-    generated = omni.generate(**inputs, **GREEDY)
-    new_tokens = generated[:, inputs["input_ids"].shape[1]:].tolist()
+    greedy = dict(GREEDY, cache_implementation=cache)
+    generated = omni.generate(**inputs, **greedy)
+    prompt = 1 if omni.config.is_encoder_decoder else inputs["input_ids"].shape[1]
+    new_tokens = generated[:, prompt:].tolist()
     assert len(new_tokens[0]) == GREEDY["max_new_tokens"] and all(len(set(row)) > 1 for row in new_tokens)
-    assert torch.equal(generated, ref.generate(**inputs, **GREEDY))
+    assert torch.equal(generated, ref.generate(**inputs, **greedy))
 
 
 # ---------------------------------------------------------------------- decoder LMs
@@ -770,19 +781,136 @@ def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
                         lambda out: [out.logits[rows], out.encoder_last_hidden_state], {"WhisperAttention": 2 * 3})
 
 
+# ---------------------------------------------------------------------- additive position biases
+
+
+def served_here(model_class) -> None:
+    """Skips, naming the reason, where this Transformers' ``model_class`` is not omni's to serve: its layers attend
+    on their own (T5-style models before Transformers 5.13 never call the attention function), so omni refuses it
+    at build (`test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass`)."""
+    own, feature = own_attention(model_class), unsupported_feature(model_class)
+    if own is not None or feature is not None:
+        reason = f"runs {own} only" if own is not None else f"uses {feature}"
+        pytest.skip(f"{model_class.__name__} keeps attention of its own on Transformers {transformers.__version__} "
+                    f"(it {reason}); omni refuses it at build")
+
+
+def t5_config():
+    """2 encoder and 2 decoder layers; T5's relative position bias (8 buckets up to distance 16), computed by the first
+    layer of each stack and shared by the others; cross-attention gets a zero bias. T5 does not scale q.k."""
+    return T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
+                    relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+
+
+def encoder_decoder_masks(rows: int, encoder_len: int, decoder_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row unpadded, or a second row with its encoder input padded on the left and its decoder input on the
+    right."""
+    encoder = [padding([encoder_len], encoder_len, left=False), padding([encoder_len - 4], encoder_len, left=True)]
+    decoder = [padding([decoder_len], decoder_len, left=False), padding([decoder_len - 3], decoder_len, left=False)]
+    return torch.cat(encoder[:rows]), torch.cat(decoder[:rows])
+
+
+def assert_relative_bias_learns(grads: dict[str, torch.Tensor], count: int):
+    """The relative position bias tables got a gradient (through the op's bias gradient; its value is checked against
+    eager's with every other gradient)."""
+    tables = {name: g for name, g in grads.items() if name.endswith("relative_attention_bias.weight")}
+    assert len(tables) == count and all(g.abs().sum() > 0 for g in tables.values()), tables.keys()
+
+
+@pytest.mark.parametrize("rows", [1, 2], ids=["one row", "padded batch of two"])
+def test_t5_relative_position_bias_matches_eager_with_its_gradient(rows):
+    """Encoder self-attention and decoder self-attention with T5's relative position bias (a [1, H, Sq, Skv] view of
+    an embedding, last-dim stride H), cross-attention with a zero bias, scale 1.0: logits, the encoder's states and
+    every gradient, the bias tables' included, as eager's."""
+    served_here(T5ForConditionalGeneration)
+    encoder_mask, decoder_mask = encoder_decoder_masks(rows, 12, 10)
+    inputs = dict(input_ids=text(rows, 12, seed=21), attention_mask=encoder_mask,
+                  decoder_input_ids=text(rows, 10, seed=22), decoder_attention_mask=decoder_mask)
+    build = from_config(T5ForConditionalGeneration, t5_config())
+    assert all(layer.SelfAttention.scaling == 1.0 for layer in build("eager").modules()
+               if type(layer).__name__ == "T5LayerSelfAttention")
+    grads = assert_omni_matches(build, inputs, lambda out: [
+        out.logits[decoder_mask.bool()], out.encoder_last_hidden_state[encoder_mask.bool()]], {"T5Attention": 3 * 2})
+    assert_relative_bias_learns(grads, 2)
+
+
+def test_t5_scale_and_bias_reach_the_op():
+    """omni honours the scale T5 passes (1.0, not D ** -0.5) and its bias: a model whose scores ignored either
+    would not match eager (checked above); here the op sees them."""
+    served_here(T5ForConditionalGeneration)
+    seen = []
+
+    def spy(module, query, key, value, mask, scaling=None, **kwargs):
+        seen.append((scaling, kwargs.get("position_bias")))
+        return omni_attention_forward(module, query, key, value, mask, scaling=scaling, **kwargs)
+
+    omni, _, _ = models(from_config(T5ForConditionalGeneration, t5_config()), CPU)
+    AttentionInterface.register("omni", spy)
+    try:
+        omni(input_ids=text(1, 12, seed=23), decoder_input_ids=text(1, 10, seed=24))
+    finally:
+        omni_hf.register()
+    assert len(seen) == 6 and all(scaling == 1.0 for scaling, _ in seen)
+    bias = seen[0][1]
+    assert bias.shape == (1, 2, 12, 12) and bias.stride(-1) == 2 and bias.requires_grad
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_t5_greedy_generate_over_a_padded_encoder_batch_is_token_equal(cache):
+    """10 new tokens from a padded batch of two (weights 3x the default scale, so that no row repeats one token). The
+    static cache's keys fill its slots from the front, so omni reorders them to end the buffer, and the decoder's
+    bias (computed over the slots) with them."""
+    served_here(T5ForConditionalGeneration)
+    config = t5_config()
+    config.initializer_factor = 3.0
+    inputs = dict(input_ids=text(2, 12, seed=21), attention_mask=encoder_decoder_masks(2, 12, 10)[0])
+    assert_greedy_generation_token_equal(from_config(T5ForConditionalGeneration, config), inputs, "eager", cache)
+
+
+def pix2struct_config():
+    """A 2-layer vision encoder over 16 patches of 12 values and a 2-layer T5-style text decoder with a relative
+    position bias (self-attention) and cross-attention."""
+    text_config = dict(vocab_size=VOCAB, hidden_size=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                       relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0)
+    vision = dict(hidden_size=32, patch_embed_hidden_size=12, d_ff=64, d_kv=16, num_hidden_layers=2,
+                  num_attention_heads=2, seq_len=16, dropout_rate=0.0)
+    return Pix2StructConfig(text_config=text_config, vision_config=vision)
+
+
+@pytest.mark.parametrize("rows", [1, 2], ids=["one row", "padded batch of two"])
+def test_pix2struct_relative_position_bias_matches_eager_with_its_gradient(rows):
+    """Flattened patches (row and column ids first) with their padding mask; the decoder's self-attention with its
+    relative position bias and cross-attention over the patches: logits, the encoder's states and every gradient."""
+    served_here(Pix2StructForConditionalGeneration)
+    patch_mask, decoder_mask = encoder_decoder_masks(rows, 16, 10)
+    patch_mask = patch_mask.flip(-1)  # patches pad at the end, as the processor does
+    patches = randn(rows, 16, 2 + 12, seed=31)
+    patches[..., 0], patches[..., 1] = torch.arange(16) // 4 + 1, torch.arange(16) % 4 + 1
+    inputs = dict(flattened_patches=patches * patch_mask[..., None], attention_mask=patch_mask,
+                  decoder_input_ids=text(rows, 10, seed=32), decoder_attention_mask=decoder_mask)
+    grads = assert_omni_matches(from_config(Pix2StructForConditionalGeneration, pix2struct_config()), inputs,
+                                lambda out: [out.logits[decoder_mask.bool()],
+                                             out.encoder_last_hidden_state[patch_mask.bool()]],
+                                {"Pix2StructVisionAttention": 2, "Pix2StructTextAttention": 2 * 2})
+    assert_relative_bias_learns(grads, 1)
+
+
 # ---------------------------------------------------------------------- refusals
 
 
 @pytest.mark.parametrize("model_class, config, feature", [
-    # Older Transformers' T5 (5.12 and before) runs attention of its own, never the attention function.
-    (T5ForConditionalGeneration, lambda: T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=1,
-                                                  num_heads=2, decoder_start_token_id=0),
-     r"(an additive position bias \(`position_bias`, as in T5\)|attention layers of its own \(they never call "
-     r"Transformers' attention function\))"),
-], ids=["t5-position-bias"])
+    # GOT-OCR2's vision encoder (SAM's) attends on its own, never through the attention function.
+    (GotOcr2ForConditionalGeneration, lambda: GotOcr2Config(
+        vision_config=dict(hidden_size=32, output_channels=16, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8, mlp_dim=64, global_attn_indexes=[0]),
+        text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)),
+     r"attention layers of its own \(they never call Transformers' attention function\)"),
+], ids=["got-ocr2-own-attention"])
 def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
-    """T5's relative position bias is refused when the model is built with omni (or switched to it), not at the first
-    forward, and never silently dropped."""
+    """A model whose layers never call the attention function is refused when built with omni (or switched to it),
+    not at the first forward, and never silently run on eager."""
     refusal = (rf'attn_implementation="omni": {model_class.__name__} uses {feature}, '
                rf'which omni attention does not support')
     with pytest.raises(ValueError, match=refusal):
@@ -804,9 +932,13 @@ def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implem
         FalconForCausalLM._from_config(config, attn_implementation="omni")
 
 
-@pytest.mark.parametrize("name, feature", [("position_bias", "an additive position bias")])
-def test_the_attention_function_refuses_what_it_cannot_honour(name, feature):
-    """The same features reaching the attention function anyway (a model built around the check) raise there."""
+@pytest.mark.parametrize("name, value, feature", [
+    ("s_aux", torch.zeros(2), r"attention sinks \(`s_aux`\)"),
+    ("position_bias", torch.zeros(1, 2, 6, 6), r"an additive position bias \(`position_bias`, as in T5\)"),
+], ids=["sinks", "position bias"])
+def test_context_parallel_refuses_what_it_cannot_honour_yet(name, value, feature):
+    """Sinks and position biases run on one rank, not yet on a shard of a row: refused before any ring runs."""
     q = torch.randn(1, 2, 6, 16)
-    with pytest.raises(ValueError, match=rf"does not support {feature} \(`{name}`.*; use `eager`"):
-        omni_attention_forward(torch.nn.Module(), q, q, q, None, **{name: torch.zeros(2)})
+    with pytest.raises(ValueError, match=rf"omni_context_parallel: {feature} (is|are) not supported under context "
+                                         rf"parallelism yet"):
+        omni_attention_forward(torch.nn.Module(), q, q, q, None, omni_context_parallel=object(), **{name: value})

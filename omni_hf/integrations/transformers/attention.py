@@ -48,6 +48,8 @@ def omni_attention_forward(
         sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
         is_causal: for a missing mask (default ``module.is_causal``, else True).
         kwargs: ``s_aux``: the layer's sink logits ``[Hq]`` (gpt-oss), `omni_attention`'s ``sinks``;
+            ``position_bias``: the layer's additive score bias (T5's relative position bias ``[1|B, Hq, Sq, Skv]``,
+            Pix2Struct's and UDOP's), `omni_attention`'s ``bias``, differentiable;
             ``omni_block_mask``, ``omni_doc_ids``, ``omni_group_ids``, ``cu_seq_lens_k`` (see `layer_mask`);
             ``omni_context_parallel`` (`omni_hf.distributed.ContextParallel`: the call is this rank's shard of a
             row, attended over the whole row); ``output_attentions`` only warns.
@@ -63,14 +65,21 @@ def omni_attention_forward(
             if kwargs.get("s_aux") is not None:
                 raise ValueError("omni_context_parallel: attention sinks (`s_aux`) are not supported under context "
                                  "parallelism yet; train this model without omni_context_parallel")
+            if kwargs.get("position_bias") is not None:
+                raise ValueError("omni_context_parallel: an additive position bias (`position_bias`, as in T5) is not "
+                                 "supported under context parallelism yet; train this model without "
+                                 "omni_context_parallel")
             out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
             return out.transpose(1, 2).contiguous(), None
     query, key, value = cast_for_autocast(query, key, value)
     call, key_order = _prepared_call(module, query, key, value, attention_mask, scaling, softcap, sliding_window,
                                      is_causal, kwargs)
+    bias = kwargs.get("position_bias")
     if key_order is not None:
         key, value = key.index_select(2, key_order), value.index_select(2, key_order)
-    out, _ = run_call(call, query, key, value, kwargs.get("s_aux"))
+        if bias is not None and bias.shape[-1] != 1:  # the bias's keys follow the cache's slots, as the keys did
+            bias = bias.index_select(-1, key_order)
+    out, _ = run_call(call, query, key, value, kwargs.get("s_aux"), bias)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -8,7 +8,7 @@ Transformers settled on "omni" for:
   vision layers in DeepSeek-VL hybrid) runs that attention, with the mask it expects (what eager, or sdpa where it
   has it, gets), and a warning names it; a whole model that keeps its own attention is refused;
 - a model whose attention layers pass the attention function something omni cannot honour (`unsupported_feature`:
-  an additive position bias, or layers that never call the function at all) is refused;
+  a keyword of `UNSUPPORTED_FEATURES`, none today, or layers that never call the function at all) is refused;
 - a model whose layers have a head dim the op refuses on every backend (`unsupported_head_dims`: not a multiple of
   8, or above `omni_hf.ops.attention.MAX_HEAD_DIM`) is refused, naming the layer type and its head dim;
 - every other model gets "omni".
@@ -33,10 +33,9 @@ __all__ = ["OWN_ATTENTION", "UNSUPPORTED_FEATURES", "omni_choice", "own_attentio
 
 _logger = logging.get_logger(__name__)
 
-# Keyword arguments of a model's attention-function calls that omni attention cannot honour.
-UNSUPPORTED_FEATURES = {
-    "position_bias": "an additive position bias (`position_bias`, as in T5)",
-}
+# Keyword arguments of a model's attention-function calls that omni attention cannot honour, with their description:
+# none today (T5's additive `position_bias` is `omni_attention`'s `bias`; gpt-oss's `s_aux` its `sinks`).
+UNSUPPORTED_FEATURES: dict[str, str] = {}
 OWN_ATTENTION = "attention layers of its own (they never call Transformers' attention function)"
 # A call of the attention function, its arguments spanning lines and holding calls nested two deep.
 _ATTENTION_CALL = re.compile(r"attention_interface\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)")
