@@ -29,7 +29,8 @@ struct RowLanes {
 };
 
 // grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
-// for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0.
+// for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0; with dsinks, the sink's gradient of the
+// tile's rows, -sum exp(sink - lse) * dsum, summed in shared memory and added to dsinks[h] once per CTA.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kRowThreads)
     bwd_preprocess_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
@@ -40,6 +41,11 @@ __global__ void __launch_bounds__(kRowThreads)
   const int b = bh / f.heads_q, h = bh % f.heads_q;
   const int col = Lanes::col();
   cutlass::NumericArrayConverter<float, Element, Lanes::kVec> to_float;
+  __shared__ float dsink;
+  if (p.dsinks != nullptr) {
+    if (threadIdx.x == 0) dsink = 0.f;
+    __syncthreads();
+  }
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;
     float dot = 0.f;
@@ -64,7 +70,12 @@ __global__ void __launch_bounds__(kRowThreads)
       const float lse = i < f.q_len ? f.lse[static_cast<int64_t>(bh) * f.q_len + i] : -INFINITY;
       ws.dsum[row] = dot;
       ws.lse2[row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      if (p.dsinks != nullptr && lse != -INFINITY) atomicAdd(&dsink, -expf(f.sinks[h] - lse) * dot);
     }
+  }
+  if (p.dsinks != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(p.dsinks + h, dsink);
   }
 }
 

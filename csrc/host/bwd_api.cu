@@ -27,6 +27,8 @@ int check_bwd_params(const OmniBwdParams& p) {
   if (int s = check_tensor(p.dv, "dv")) return s;
   if (p.dbias.ptr != nullptr && f.bias.ptr == nullptr)
     return fail(OMNI_ERR_SHAPE, "dbias is given but the call has no bias");
+  if (p.dsinks != nullptr && f.sinks == nullptr)
+    return fail(OMNI_ERR_SHAPE, "dsinks is given but the call has no sinks");
   if (f.mask.kind == OMNI_MASK_BLOCKS) {
     if (int s = check_list(f.mask.q, static_cast<int>(ceil_div(f.kv_len, f.mask.block_kv)), "q")) return s;
   }

@@ -5,7 +5,8 @@
 //
 //   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks, bias) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap, bias,
-//       dbias) -> (dq, dk, dv), adding the bias's gradient into dbias (float32) where given
+//       dbias, sinks, dsinks) -> (dq, dk, dv), adding the bias's gradient into dbias and the sinks' into dsinks
+//       (float32, zeroed by the caller) where given
 //
 // bias / dbias: [B, Hq, Sq, Skv] views of any strides (0 where a dim broadcasts), read and accumulated in place.
 //   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
@@ -287,7 +288,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                                        OptTensor indices, OptTensor types, OptTensor partial, OptTensor pool,
                                        OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind, int64_t block_q,
                                        int64_t block_kv, int64_t window, double scale, double softcap, OptTensor bias,
-                                       OptTensor dbias) {
+                                       OptTensor dbias, OptTensor sinks, OptTensor dsinks) {
   check_qkv(q, k, v);
   check_mask_extent(num, doc, grp, q, k);
   for (const Tensor* t : {&dout, &out}) {
@@ -315,6 +316,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
   p.fwd.bias = bias_of(bias, q, k);
   p.dbias = bias_grad_of(dbias, q, k);
+  for (const OptTensor* t : {&sinks, &dsinks}) {
+    STD_TORCH_CHECK(!t->has_value() || ((*t)->dim() == 1 && (*t)->size(0) == q.size(1)),
+                    "sinks, dsinks: expected contiguous float32 [Hq] tensors");
+  }
+  p.fwd.sinks = static_cast<const float*>(pointer(sinks, ScalarType::Float, "sinks", q.get_device_index()));
+  p.dsinks = static_cast<float*>(pointer(dsinks, ScalarType::Float, "dsinks", q.get_device_index()));
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
   p.dout = view4(dout_in, "dout");
   p.dq = view4(dq, "dq");
@@ -388,7 +395,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
       "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
       "int kind, int block_q, int block_kv, int window, float scale, float softcap, Tensor? bias=None, "
-      "Tensor(a!)? dbias=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor(a!)? dbias=None, Tensor? sinks=None, Tensor(a!)? dsinks=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

@@ -121,8 +121,8 @@ typedef struct {
   float softcap;  // <= 0: none; else s = softcap * tanh(s / softcap)
   // Per-query-head sink logits [heads_q] fp32 contiguous (natural log, on the scale of the scaled and capped
   // scores), or NULL: exp(sinks[h]) joins every row's softmax denominator and takes no value, so
-  // lse = log(exp(sinks[h]) + sum_j exp(s_j)) and out = sum_j exp(s_j - lse) v_j. Read by the forward only: the
-  // backward's P = exp(s - lse) already holds the sink.
+  // lse = log(exp(sinks[h]) + sum_j exp(s_j)) and out = sum_j exp(s_j - lse) v_j. The backward's P = exp(s - lse)
+  // already holds the sink; its preprocess reads the sinks only for their gradient (OmniBwdParams::dsinks).
   const float* sinks;
   OmniBias bias;  // read by the forward and (to recompute P) the backward
   OmniTensor q, k, v;  // q [B, Hq, q_len, D]; k, v [B, Hkv, kv_len, D]; Hq % Hkv == 0
@@ -140,6 +140,9 @@ typedef struct {
   OmniTensor dq;  // [B, Hq, q_len, D]
   OmniTensor dk, dv;  // [B, Hkv, kv_len, D] (summed over the query heads of each group)
   OmniBiasGrad dbias;  // where fwd.bias is given and its gradient wanted, else ptr NULL
+  // The sinks' gradient [heads_q] fp32 (zeroed by the caller), or NULL: the backward adds
+  // dsinks[h] = -sum over the batch and rows of exp(sinks[h] - lse) * rowsum(dout * out); needs fwd.sinks.
+  float* dsinks;
   void* workspace;  // device memory of omni_bwd_workspace_bytes(); contents need no init
   size_t workspace_bytes;
 } OmniBwdParams;

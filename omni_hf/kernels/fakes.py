@@ -35,7 +35,7 @@ def register_fakes() -> None:
 
     @torch.library.register_fake("omni_hf::bwd")
     def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
-          window, scale, softcap, bias=None, dbias=None):
+          window, scale, softcap, bias=None, dbias=None, sinks=None, dsinks=None):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")

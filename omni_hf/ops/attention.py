@@ -154,27 +154,33 @@ def _forward(q, k, v, sinks, bias, backend: str, mask_tensors, mask_sizes, scale
                                        softcap or None, sinks, bias)
 
 
-def _backward(backend: str, dout, q, k, v, out, lse, bias, bias_grad: bool, mask_tensors, mask_sizes, scale: float,
-              softcap: float):
-    """(dq, dk, dv, dbias) of ``backend`` from the forward's out and lse; dbias (where ``bias_grad``, else None) is
-    float32 of bias's own shape, which the backward adds the gradient of the logits into (summing the dims where
-    bias broadcasts)."""
+def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bias, bias_grad: bool, mask_tensors,
+              mask_sizes, scale: float, softcap: float):
+    """(dq, dk, dv, dsinks, dbias) of ``backend`` from the forward's out and lse. dsinks (where ``sinks_grad``, else
+    None) is float32 ``[Hq]``: the CUDA op computes it beside the row sums its backward needs anyway, the reference
+    by `reference.sink_gradient`. dbias (where ``bias_grad``, else None) is float32 of bias's own shape, which the
+    backward adds the gradient of the logits into (summing the dims where bias broadcasts)."""
     dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad else None
     if backend == _CUDA:
-        grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias)
-    elif torch.compiler.is_compiling():
+        dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks_grad else None
+        kernel_sinks = sinks.detach().float().contiguous() if sinks_grad else None
+        grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias,
+                                 kernel_sinks, dsinks)
+        return (*grads, dsinks, dbias)
+    if torch.compiler.is_compiling():
         grads = reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias)
     else:
         grads = reference.attention_backward(dout, q, k, v, out, lse,
                                              OmniBlockMask.from_tuple(mask_tensors, mask_sizes), scale,
                                              softcap or None, bias, dbias)
-    return (*grads, dbias)
+    dsinks = reference.sink_gradient(dout, out, lse, sinks) if sinks_grad else None
+    return (*grads, dsinks, dbias)
 
 
 class _Attention(torch.autograd.Function):
     """Autograd of `omni_attention`: ``forward(q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale,
-    softcap) -> (out, lse)``; lse is not differentiable; sinks (or None) get `reference.sink_gradient`, bias (or
-    None) the backend's dbias, in bias's dtype, allocated only where bias needs it. The mask travels flattened
+    softcap) -> (out, lse)``; lse is not differentiable; sinks (or None) and bias (or None) get the backend's dsinks
+    and dbias, in bias's dtype, allocated only where bias needs it. The mask travels flattened
     (`OmniBlockMask.as_tuple`) so that Dynamo sees only tensors and constants; its tensors never need a gradient, so
     they ride on ctx rather than through save_for_backward, which keeps the call's argument count (and its host
     cost) small."""
@@ -194,12 +200,12 @@ class _Attention(torch.autograd.Function):
         backend, tensors, sizes, scale, softcap = ctx.args
         if grad_out is None:
             return (None,) * 10
+        sinks_grad = sinks is not None and ctx.needs_input_grad[3]
         bias_grad = bias is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dbias = _backward(backend, grad_out, q, k, v, out, lse, bias, bias_grad, tensors, sizes, scale,
-                                      softcap)
-        dsinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            dsinks = reference.sink_gradient(grad_out, out, lse, sinks)
+        dq, dk, dv, dsinks, dbias = _backward(backend, grad_out, q, k, v, out, lse, sinks, sinks_grad, bias, bias_grad,
+                                              tensors, sizes, scale, softcap)
+        if dsinks is not None:
+            dsinks = dsinks.to(sinks.dtype)
         if dbias is not None:
             dbias = dbias.to(bias.dtype)
         return dq, dk, dv, dsinks, dbias, None, None, None, None, None

@@ -113,8 +113,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Seq
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None], mask_sizes: Sequence[int], scale: float,
-             softcap: float | None, bias: torch.Tensor | None = None,
-             dbias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             softcap: float | None, bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None,
+             sinks: torch.Tensor | None = None,
+             dsinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse; the mask, scalars and
     ``bias`` as in `forward`.
 
@@ -122,6 +123,9 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dbias: None, or a float32 tensor of bias's own (un-expanded) shape, contiguous, on q's device, into which
             the op adds bias's gradient (the gradient of the logits, dL/ds, where the mask allows): the op takes it
             expanded to ``[B, Hq, Sq, Skv]``, so its atomics sum over the dims where bias broadcasts. Needs ``bias``.
+        sinks, dsinks: None, or float32 ``[Hq]`` contiguous on q's device: the forward's sinks and a zeroed tensor into
+            which the op adds their gradient, ``-sum over b and rows of exp(sinks[h] - lse) * rowsum(dout * out)``
+            (computed beside that row sum, which the backward needs anyway).
     Returns:
         dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]``, each in its input's dtype and layout.
     """
@@ -130,7 +134,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _, _, block_q, block_kv, window, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
                                          kind, block_q, block_kv, window, scale, softcap or 0.0, _expanded(bias, q, k),
-                                         _expanded(dbias, q, k))
+                                         _expanded(dbias, q, k), sinks, dsinks)
 
 
 def _expanded(t: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
