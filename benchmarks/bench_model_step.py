@@ -351,7 +351,7 @@ def result_name(args: Args) -> str:
     overwrite each other."""
     lengths = [str(n) for n in args.lengths] if "gpt-oss-shaped" in args.archs else []
     if "t5-base-sized" in args.archs:
-        lengths += [f"{n}+{args.decoder_length}x{args.batch}" for n in args.encoder_lengths]
+        lengths += [f"{n}-{args.decoder_length}x{args.batch}" for n in args.encoder_lengths]
     fields = [args.archs, lengths, args.attn or ("default",)]
     return "_".join(["model_step", *("-".join(field) for field in fields)]) + ("_tiny" if args.tiny else "") + ".json"
 

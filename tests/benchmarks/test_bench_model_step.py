@@ -60,7 +60,7 @@ def test_configs_have_the_stated_sizes():
 
 def test_result_names_keep_runs_of_other_archs_lengths_and_backends_apart():
     assert bench.result_name(bench.parse_args([])) == (
-        "model_step_gpt-oss-shaped-t5-base-sized_8192-2048+512x4_default.json")
+        "model_step_gpt-oss-shaped-t5-base-sized_8192-2048-512x4_default.json")
     args = bench.parse_args(["--archs", "gpt-oss-shaped", "--length", "16384", "--attn", "omni", "eager", "--tiny"])
     assert bench.result_name(args) == "model_step_gpt-oss-shaped_16384_omni-eager_tiny.json"
 
@@ -121,7 +121,7 @@ def test_tiny_run_records_every_arch_and_backend_and_omnis_loss_is_eagers(tmp_pa
                           env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     (written,) = tmp_path.glob("model_step_*.json")
-    assert written.name == "model_step_gpt-oss-shaped-t5-base-sized_256-256+64x2_default_tiny.json"
+    assert written.name == "model_step_gpt-oss-shaped-t5-base-sized_256-256-64x2_default_tiny.json"
     result = json.loads(written.read_text())
     assert {"device", "torch", "transformers", "command", "date"} <= set(result["meta"])
     assert result["meta"]["command"].startswith("python -m benchmarks.bench_model_step --tiny")
