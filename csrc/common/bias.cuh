@@ -1,7 +1,9 @@
 // The additive score bias (OmniBias) and its gradient (OmniBiasGrad) inside the kernels: the view of one batch row
-// and query head, read or accumulated at (query row, key). Callers add the bias to the raw scores of a tile before
+// and query head, read or written at (query row, key). Callers add the bias to the raw scores of a tile before
 // masking it (so that the mask still wins), in the raw scores' units: the logit is scale * s + bias, so s gains
-// bias / scale (softcap and bias are not combined, host/params_check.cu).
+// bias / scale (softcap and bias are not combined, host/params_check.cu). The accumulator fragments of both kernel
+// families hold neighbouring columns in neighbouring elements; where those are neighbouring keys of a bias whose
+// keys are contiguous (OmniBias::paired), the two are read as one vector.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,54 +16,105 @@ namespace omni {
 
 using namespace cute;
 
-// The bias of one (batch row, query head): value(i, j) of query row i and key j, both in range.
-struct BiasView {
-  const char* base;
+// Byte offsets and element type of one (batch row, query head) of a bias or its gradient.
+struct ScoreView {
+  char* base;
   int64_t stride_q, stride_k;  // in bytes
   int32_t dtype;
 
-  __forceinline__ __device__ float operator()(int i, int j) const {
-    const char* at = base + i * stride_q + j * stride_k;
-    switch (dtype) {
-      case OMNI_FP16:
-        return __half2float(*reinterpret_cast<const __half*>(at));
-      case OMNI_BF16:
-        return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(at));
-      default:
-        return *reinterpret_cast<const float*>(at);
-    }
-  }
+  __forceinline__ __device__ char* at(int i, int j) const { return base + i * stride_q + j * stride_k; }
 };
 
-__forceinline__ __device__ BiasView bias_view(const OmniBias& bias, int b, int h) {
-  const int64_t size = bias.dtype == OMNI_FP32 ? 4 : 2;
-  return {static_cast<const char*>(bias.ptr) + (b * bias.stride_b + h * bias.stride_h) * size, bias.stride_q * size,
-          bias.stride_k * size, bias.dtype};
+__forceinline__ __device__ int64_t dtype_bytes(int32_t dtype) { return dtype == OMNI_FP32 ? 4 : 2; }
+
+template <class Params>
+__forceinline__ __device__ ScoreView score_view(const Params& t, const void* ptr, int32_t dtype, int b, int h) {
+  const int64_t size = dtype_bytes(dtype);
+  return {static_cast<char*>(const_cast<void*>(ptr)) + (b * t.stride_b + h * t.stride_h) * size, t.stride_q * size,
+          t.stride_k * size, dtype};
 }
 
-// Adds bias / scale to every score of a fragment whose pair is in range: s(i) at tile coordinates c(i) = (row,
-// col), with rows from row0 and keys from col0 (kTransposed: c(i) = (key, row), the backward's S^T).
-template <bool kTransposed = false, class TS, class TC>
-__forceinline__ __device__ void add_bias(TS& s, const TC& c, const BiasView& bias, int row0, int col0, int q_len,
-                                         int kv_len, float inv_scale) {
-  CUTE_UNROLL
-  for (int e = 0; e < size(s); ++e) {
-    const int i = row0 + (kTransposed ? get<1>(c(e)) : get<0>(c(e)));
-    const int j = col0 + (kTransposed ? get<0>(c(e)) : get<1>(c(e)));
-    if (i < q_len && j < kv_len) s(e) += bias(i, j) * inv_scale;
+__forceinline__ __device__ float2 load_pair(const char* at, int32_t dtype) {
+  switch (dtype) {
+    case OMNI_FP16:
+      return __half22float2(*reinterpret_cast<const __half2*>(at));
+    case OMNI_BF16:
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
+    default:
+      return *reinterpret_cast<const float2*>(at);
   }
 }
 
-// Adds each ds(e), the gradient of the logit of the pair at c(e) (as in add_bias), to the bias's gradient.
+__forceinline__ __device__ float load_one(const char* at, int32_t dtype) {
+  switch (dtype) {
+    case OMNI_FP16:
+      return __half2float(*reinterpret_cast<const __half*>(at));
+    case OMNI_BF16:
+      return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(at));
+    default:
+      return *reinterpret_cast<const float*>(at);
+  }
+}
+
+__forceinline__ __device__ void store_one(char* at, int32_t dtype, float x) {
+  switch (dtype) {
+    case OMNI_FP16:
+      *reinterpret_cast<__half*>(at) = __float2half_rn(x);
+      break;
+    case OMNI_BF16:
+      *reinterpret_cast<__nv_bfloat16*>(at) = __float2bfloat16_rn(x);
+      break;
+    default:
+      *reinterpret_cast<float*>(at) = x;
+  }
+}
+
+// The call's (query row, key) of fragment element e: c(e) = (row, col) of the tile, rows from row0 and keys from
+// col0 (kTransposed: c(e) = (key, row), the sm_90a backward's S^T).
+template <bool kTransposed, class TC>
+__forceinline__ __device__ void pair_coords(const TC& c, int e, int row0, int col0, int& i, int& j) {
+  i = row0 + (kTransposed ? get<1>(c(e)) : get<0>(c(e)));
+  j = col0 + (kTransposed ? get<0>(c(e)) : get<1>(c(e)));
+}
+
+// Adds bias / scale to every score of a fragment whose pair is in range (coordinates as in pair_coords).
 template <bool kTransposed = false, class TS, class TC>
-__forceinline__ __device__ void accumulate_bias_grad(const TS& ds, const TC& c, const OmniBiasGrad& grad, int b, int h,
-                                                     int row0, int col0, int q_len, int kv_len) {
-  float* base = grad.ptr + b * grad.stride_b + h * grad.stride_h;
+__forceinline__ __device__ void add_bias(TS& s, const TC& c, const OmniBias& bias, int b, int h, int row0, int col0,
+                                         int q_len, int kv_len, float inv_scale) {
+  const ScoreView view = score_view(bias, bias.ptr, bias.dtype, b, h);
+  static_assert(decltype(size(s))::value % 2 == 0, "fragments hold column pairs");
+  CUTE_UNROLL
+  for (int e = 0; e < size(s); e += 2) {
+    int i, j, i1, j1;
+    pair_coords<kTransposed>(c, e, row0, col0, i, j);
+    pair_coords<kTransposed>(c, e + 1, row0, col0, i1, j1);
+    if (!kTransposed && bias.paired && i1 == i && j1 == j + 1 && i < q_len && j1 < kv_len) {
+      const float2 x = load_pair(view.at(i, j), view.dtype);
+      s(e) += x.x * inv_scale;
+      s(e + 1) += x.y * inv_scale;
+    } else {
+      if (i < q_len && j < kv_len) s(e) += load_one(view.at(i, j), view.dtype) * inv_scale;
+      if (i1 < q_len && j1 < kv_len) s(e + 1) += load_one(view.at(i1, j1), view.dtype) * inv_scale;
+    }
+  }
+}
+
+// Writes each ds(e), the gradient of the logit of the pair at c(e) (coordinates as in pair_coords), to the bias's
+// gradient: stored where no other pair shares its element, else added with a float32 atomic.
+template <bool kTransposed = false, class TS, class TC>
+__forceinline__ __device__ void write_bias_grad(const TS& ds, const TC& c, const OmniBiasGrad& grad, int b, int h,
+                                                int row0, int col0, int q_len, int kv_len) {
+  const ScoreView view = score_view(grad, grad.ptr, grad.dtype, b, h);
   CUTE_UNROLL
   for (int e = 0; e < size(ds); ++e) {
-    const int i = row0 + (kTransposed ? get<1>(c(e)) : get<0>(c(e)));
-    const int j = col0 + (kTransposed ? get<0>(c(e)) : get<1>(c(e)));
-    if (i < q_len && j < kv_len) atomicAdd(base + i * grad.stride_q + j * grad.stride_k, ds(e));
+    int i, j;
+    pair_coords<kTransposed>(c, e, row0, col0, i, j);
+    if (i >= q_len || j >= kv_len) continue;
+    if (grad.exclusive) {
+      store_one(view.at(i, j), view.dtype, ds(e));
+    } else {
+      atomicAdd(reinterpret_cast<float*>(view.at(i, j)), ds(e));
+    }
   }
 }
 

@@ -5,8 +5,9 @@
 //
 //   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks, bias) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap, bias,
-//       dbias, sinks, dsinks) -> (dq, dk, dv), adding the bias's gradient into dbias and the sinks' into dsinks
-//       (float32, zeroed by the caller) where given
+//       dbias, sinks, dsinks) -> (dq, dk, dv), writing the bias's gradient into dbias (zeroed by the caller; float32
+//       where it broadcasts, as the kernels add into it) and adding the sinks' into dsinks (float32, zeroed) where
+//       given
 //
 // bias / dbias: [B, Hq, Sq, Skv] views of any strides (0 where a dim broadcasts), read and accumulated in place.
 //   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
@@ -132,21 +133,33 @@ std::array<int64_t, 4> score_strides(const Tensor& t, const Tensor& q, const Ten
   return {stride(0), stride(1), stride(2), stride(3)};
 }
 
-OmniBias bias_of(const OptTensor& bias, const Tensor& q, const Tensor& k) {
-  if (!bias.has_value()) return OmniBias{};
-  const ScalarType type = bias->scalar_type();
-  STD_TORCH_CHECK(type == ScalarType::Float || type == ScalarType::Half || type == ScalarType::BFloat16,
-                  "bias: expected float32, float16 or bfloat16");
-  const auto s = score_strides(*bias, q, k, "bias");
-  const int32_t dtype = type == ScalarType::Float ? OMNI_FP32 : type == ScalarType::Half ? OMNI_FP16 : OMNI_BF16;
-  return {bias->data_ptr(), dtype, s[0], s[1], s[2], s[3]};
+int32_t score_dtype(const Tensor& t, const char* name) {
+  const ScalarType type = t.scalar_type();
+  STD_TORCH_CHECK(type == ScalarType::Float || type == ScalarType::Half || type == ScalarType::BFloat16, name,
+                  ": expected float32, float16 or bfloat16");
+  return type == ScalarType::Float ? OMNI_FP32 : type == ScalarType::Half ? OMNI_FP16 : OMNI_BF16;
 }
 
+OmniBias bias_of(const OptTensor& bias, const Tensor& q, const Tensor& k) {
+  if (!bias.has_value()) return OmniBias{};
+  const int32_t dtype = score_dtype(*bias, "bias");
+  const auto s = score_strides(*bias, q, k, "bias");
+  const int64_t pair_bytes = 2 * bias->element_size();
+  const bool paired = s[3] == 1 && s[0] % 2 == 0 && s[1] % 2 == 0 && s[2] % 2 == 0 &&
+                      reinterpret_cast<uintptr_t>(bias->data_ptr()) % pair_bytes == 0;
+  return {bias->data_ptr(), dtype, paired ? 1 : 0, s[0], s[1], s[2], s[3]};
+}
+
+// The gradient's view: exclusive where no dim of the call longer than 1 has stride 0 (every pair its own element).
 OmniBiasGrad bias_grad_of(const OptTensor& dbias, const Tensor& q, const Tensor& k) {
   if (!dbias.has_value()) return OmniBiasGrad{};
-  STD_TORCH_CHECK(dbias->scalar_type() == ScalarType::Float, "dbias: expected float32");
+  const int32_t dtype = score_dtype(*dbias, "dbias");
   const auto s = score_strides(*dbias, q, k, "dbias");
-  return {static_cast<float*>(dbias->data_ptr()), s[0], s[1], s[2], s[3]};
+  bool exclusive = true;
+  for (int d = 0; d < 4; ++d) exclusive = exclusive && (dbias->size(d) == 1 || s[d] != 0);
+  STD_TORCH_CHECK(exclusive || dtype == OMNI_FP32,
+                  "dbias: expected float32 where it broadcasts (its elements are sums over the broadcast dims)");
+  return {dbias->data_ptr(), dtype, exclusive ? 1 : 0, s[0], s[1], s[2], s[3]};
 }
 
 // q, k and v as the kernels read them: on one CUDA device, the last dim contiguous (any other stride is copied where

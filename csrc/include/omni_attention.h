@@ -101,14 +101,21 @@ typedef struct {
 typedef struct {
   const void* ptr;
   int32_t dtype;  // OmniDType: fp32, fp16 or bf16
+  // Non-zero where two neighbouring keys can be read as one vector: stride_k 1, every other stride even and ptr
+  // aligned to two elements.
+  int32_t paired;
   int64_t stride_b, stride_h, stride_q, stride_k;
 } OmniBias;
 
-// The bias's gradient, or ptr NULL: the backward adds dL/dlogit of every allowed pair to the float32 element at
-// ptr + b * stride_b + h * stride_h + i * stride_q + j * stride_k with atomics, so a stride-0 dim sums over it (a
-// bias broadcast over the batch gets the batch's sum). The caller zeroes it first; pairs never allowed stay 0.
+// The bias's gradient, or ptr NULL: dL/dlogit of every allowed pair goes to the element at ptr + b * stride_b +
+// h * stride_h + i * stride_q + j * stride_k. Where no two pairs share an element (exclusive: no stride is 0 on a
+// dim of the call longer than 1) it is stored, in dtype; otherwise it is added to float32 elements with atomics,
+// so a stride-0 dim sums over it (a bias broadcast over the batch gets the batch's sum). The caller zeroes it
+// first; pairs never allowed stay 0.
 typedef struct {
-  float* ptr;
+  void* ptr;
+  int32_t dtype;  // OmniDType: fp32, fp16 or bf16 where exclusive, else fp32
+  int32_t exclusive;
   int64_t stride_b, stride_h, stride_q, stride_k;
 } OmniBiasGrad;
 

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
         for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * tanh_in);
       }
       if (f.bias.ptr != nullptr) {
-        add_bias(acc_s, cS, bias_view(f.bias, b, cur.h), cur.m_block * kBlockM, n0, f.q_len, f.kv_len, 1.f / f.scale);
+        add_bias(acc_s, cS, f.bias, b, cur.h, cur.m_block * kBlockM, n0, f.q_len, f.kv_len, 1.f / f.scale);
       }
       mask_q_tile(acc_s, cS, cur, at, bits);
       auto p_rc = rowcol(acc_s);
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
         }
       }
       if (p.dbias.ptr != nullptr) {
-        accumulate_bias_grad(acc_dp, cS, p.dbias, b, cur.h, cur.m_block * kBlockM, n0, f.q_len, f.kv_len);
+        write_bias_grad(acc_dp, cS, p.dbias, b, cur.h, cur.m_block * kBlockM, n0, f.q_len, f.kv_len);
       }
       Tensor ds_elem = convert_fragment<Element>(acc_dp);
       copy(store_pds, retile(store_pds, ds_elem), tPsdS);

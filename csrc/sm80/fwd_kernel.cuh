@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
     gemm_ss(acc_s, tSrQ, tSrK, ldsm_src(copy_q, sQ), ldsm_src(copy_k, sK), mma, copy_q, copy_k);
     if constexpr (kSoftcap) apply_softcap(acc_s, p.scale / p.softcap);
     if (p.bias.ptr != nullptr) {
-      add_bias(acc_s, score_coords(), bias_view(p.bias, b, h), row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
+      add_bias(acc_s, score_coords(), p.bias, b, h, row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
     }
     mask_tile(acc_s, score_coords(), tile, bits, p, qpos0);
 

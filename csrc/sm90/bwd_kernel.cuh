@@ -310,8 +310,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * (f.scale / f.softcap));
     }
     if (f.bias.ptr != nullptr) {
-      add_bias<true>(acc_s, cS, bias_view(f.bias, b, tile.h), tile.m_block * kBlockM, n0, f.q_len, f.kv_len,
-                     1.f / f.scale);
+      add_bias<true>(acc_s, cS, f.bias, b, tile.h, tile.m_block * kBlockM, n0, f.q_len, f.kv_len, 1.f / f.scale);
     }
     if (tile.kind != kTileFull) {
       mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, jj0, s.q_ids[stage], s.k_ids);
@@ -342,7 +341,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       }
     }
     if (p.dbias.ptr != nullptr) {
-      accumulate_bias_grad<true>(acc_dp, cS, p.dbias, b, tile.h, tile.m_block * kBlockM, n0, f.q_len, f.kv_len);
+      write_bias_grad<true>(acc_dp, cS, p.dbias, b, tile.h, tile.m_block * kBlockM, n0, f.q_len, f.kv_len);
     }
     rdS = convert_fragment<Element>(acc_dp);
     if constexpr (!kWideHead) gemm_issue<false>(mma_dkv, tKVadS, tKVrQt(_, _, _, stage), acc_dk);

@@ -226,7 +226,7 @@ __forceinline__ __device__ void consume(const OmniFwdParams& p, Storage& s, int 
     if (p.bias.ptr != nullptr) {
       const Tensor cS = mma_qk.get_thread_slice(unhoisted(ctid))
                             .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-      add_bias(acc_s, cS, bias_view(p.bias, b, h), row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
+      add_bias(acc_s, cS, p.bias, b, h, row0, tile.col0, p.q_len, p.kv_len, 1.f / p.scale);
     }
     if (tile.kind != kTileFull) {
       // Derived here from an unhoisted ctid: from the plain one, the coordinates were hoisted out of the tile loop

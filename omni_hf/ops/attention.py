@@ -158,9 +158,10 @@ def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bi
               mask_sizes, scale: float, softcap: float):
     """(dq, dk, dv, dsinks, dbias) of ``backend`` from the forward's out and lse. dsinks (where ``sinks_grad``, else
     None) is float32 ``[Hq]``: the CUDA op computes it beside the row sums its backward needs anyway, the reference
-    by `reference.sink_gradient`. dbias (where ``bias_grad``, else None) is float32 of bias's own shape, which the
-    backward adds the gradient of the logits into (summing the dims where bias broadcasts)."""
-    dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad else None
+    by `reference.sink_gradient`. dbias (where ``bias_grad``, else None) has bias's own shape and the dtype of
+    `_bias_grad_dtype`; the backward writes the gradient of the logits into it (summing the dims where bias
+    broadcasts)."""
+    dbias = torch.zeros(bias.shape, dtype=_bias_grad_dtype(bias, q, k, backend), device=q.device) if bias_grad else None
     if backend == _CUDA:
         dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks_grad else None
         kernel_sinks = sinks.detach().float().contiguous() if sinks_grad else None
@@ -175,6 +176,16 @@ def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bi
                                              softcap or None, bias, dbias)
     dsinks = reference.sink_gradient(dout, out, lse, sinks) if sinks_grad else None
     return (*grads, dsinks, dbias)
+
+
+def _bias_grad_dtype(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, backend: str) -> torch.dtype:
+    """The dtype of the buffer a backward writes the bias's gradient into: the bias's own where the CUDA op stores
+    each element once (no dim of the call longer than 1 on which the bias broadcasts), else float32 (the op's atomics,
+    the reference's chunks add into it)."""
+    call = (*q.shape[:3], k.shape[2])
+    shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    exclusive = all(size == extent or extent == 1 for size, extent in zip(shape, call))
+    return bias.dtype if backend == _CUDA and exclusive else torch.float32
 
 
 class _Attention(torch.autograd.Function):

@@ -120,9 +120,11 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``bias`` as in `forward`.
 
     Args:
-        dbias: None, or a float32 tensor of bias's own (un-expanded) shape, contiguous, on q's device, into which
-            the op adds bias's gradient (the gradient of the logits, dL/ds, where the mask allows): the op takes it
-            expanded to ``[B, Hq, Sq, Skv]``, so its atomics sum over the dims where bias broadcasts. Needs ``bias``.
+        dbias: None, or a zeroed tensor of bias's own (un-expanded) shape, contiguous, on q's device, into which
+            the op writes bias's gradient (the gradient of the logits, dL/ds, where the mask allows). The op takes it
+            expanded to ``[B, Hq, Sq, Skv]``: where that view gives every (q, k) pair of the call its own element it
+            stores each in dbias's dtype (float32, float16 or bfloat16), else it adds them with float32 atomics (dbias
+            must then be float32), which sum over the dims where bias broadcasts. Needs ``bias``.
         sinks, dsinks: None, or float32 ``[Hq]`` contiguous on q's device: the forward's sinks and a zeroed tensor into
             which the op adds their gradient, ``-sum over b and rows of exp(sinks[h] - lse) * rowsum(dout * out)``
             (computed beside that row sum, which the backward needs anyway).

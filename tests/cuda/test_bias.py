@@ -3,8 +3,10 @@
 The definition (`tests.helpers.bias_checks.bias_definition`) adds the bias to dense float64 scores, sets masked pairs
 to -inf and takes the softmax: nothing of the kernels' tiling or of the reference's chunking is shared. bf16 q, k, v
 (B = 2, 8 query / 2 KV heads, head dims 64, 128 and 256; 700 query rows over 1000 keys and 1000 over 1000, crossing
-the 64- and 128-row tiles), every mask kind with rows that see no key, and the two bias layouts that matter: T5's
-permuted ``[1, H, Sq, Skv]`` bf16 view (last-dim stride H) and a full ``[B, H, Sq, Skv]`` float32 bias. The
+the 64- and 128-row tiles), every mask kind with rows that see no key, and the bias layouts that matter: T5's
+permuted ``[1, H, Sq, Skv]`` bf16 view (last-dim stride H: read one element at a time, its gradient summed over the
+batch by float32 atomics) and full ``[B, H, Sq, Skv]`` float32 and bf16 biases (read two keys at a time, each
+gradient element stored once in the bias's dtype). The
 kernels' out, lse and every gradient (dq, dk, dv, and the bias's, summed by the op's atomics over the broadcast
 heads) must stay within `ROUNDINGS_BOUND` of the bf16 reference's own error. Decoding-shaped calls (1 and 4 query
 rows over 3000 keys) are checked forward. A bias that needs no gradient gets no accumulator; NaN at masked pairs
@@ -29,6 +31,7 @@ FLOOR = 1e-3  # bf16's half-ulp: where the reference rounds exactly, the kernel 
 LAYOUTS = {
     "T5 [1, H, Sq, Skv] bf16": ("[1, Hq, Sq, Skv] T5 view", torch.bfloat16),
     "[B, H, Sq, Skv] float32": ("[B, Hq, Sq, Skv]", torch.float32),
+    "[B, H, Sq, Skv] bf16": ("[B, Hq, Sq, Skv]", torch.bfloat16),  # read in pairs, its gradient stored in bf16
 }
 WHATS = ("dq", "dk", "dv", "dbias")
 
