@@ -44,15 +44,18 @@ def _inputs(batch, heads_q, heads_kv, q_len, kv_len, dim, gen):
     return q, k, v, rand(batch, heads_q, q_len, dim)
 
 
-def _kernel_errors_within_bound(inputs, mask, leaf, layout, name, *, bias_grad=True, backward=True, gold_leaf=None):
-    """The kernels' out, lse and gradients against the float64 definition (on ``gold_leaf``, default ``leaf``) stay
-    within ROUNDINGS_BOUND of the bf16 reference's own error (plus `FLOOR`); returns the kernels' (out, lse, grads)."""
-    got = run_omni(*inputs, mask, leaf, layout, bias_grad=bias_grad, backward=backward)
+def _kernel_errors_within_bound(inputs, mask, leaf, layout, name, *, bias_grad=True, backward=True, gold_leaf=None,
+                                sinks=None):
+    """The kernels' out, lse and gradients (dsinks too, with ``sinks``) against the float64 definition (on
+    ``gold_leaf``, default ``leaf``) stay within ROUNDINGS_BOUND of the bf16 reference's own error (plus `FLOOR`);
+    returns the kernels' (out, lse, grads)."""
+    got = run_omni(*inputs, mask, leaf, layout, sinks=sinks, bias_grad=bias_grad, backward=backward)
     gold_out, gold_lse, gold_grads = run_definition(*inputs, mask, leaf if gold_leaf is None else gold_leaf, layout,
-                                                    backward=backward)
+                                                    sinks=sinks, backward=backward)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMNI_HF_BACKEND", "reference")
-        ref_out, ref_lse, ref_grads = run_omni(*inputs, mask, leaf, layout, bias_grad=bias_grad, backward=backward)
+        ref_out, ref_lse, ref_grads = run_omni(*inputs, mask, leaf, layout, sinks=sinks, bias_grad=bias_grad,
+                                               backward=backward)
     out, lse, grads = got
     assert torch.isfinite(out).all(), name
     live = torch.isfinite(gold_lse)
@@ -60,7 +63,7 @@ def _kernel_errors_within_bound(inputs, mask, leaf, layout, name, *, bias_grad=T
     assert relative_error(out, gold_out) <= ROUNDINGS_BOUND * relative_error(ref_out, gold_out) + FLOOR, name
     lse_error, ref_lse_error = ((x.double() - gold_lse)[live].abs().max() for x in (lse, ref_lse))
     assert lse_error < 1e-3 + ref_lse_error, (name, float(lse_error))
-    for grad, ref, gold, what in zip(grads, ref_grads, gold_grads, WHATS):
+    for grad, ref, gold, what in zip(grads, ref_grads, gold_grads, WHATS + ("dsinks",)):
         if what == "dbias" and not bias_grad:
             assert grad is None and ref is None, name
             continue
@@ -123,6 +126,21 @@ def test_a_bias_that_needs_no_gradient_gets_no_accumulator(layout, monkeypatch):
     mask = OmniBlockMask.causal(700, 1000)
     _kernel_errors_within_bound(inputs, mask, leaf, bias_layout, layout, bias_grad=False)
     assert handed == [None]  # the kernels' backward ran once (the reference's is not library.backward)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("kernel_path", "poisoned_outputs")
+@pytest.mark.parametrize("dim", [64, 128])
+def test_bias_with_sinks_on_the_kernels_matches_the_definition(dim):
+    """Sinks join the denominators of rows the bias shifts: out, lse and every gradient, the sinks' (summed by the
+    backward's preprocess) and the bias's included, on T5's layout and every mask kind."""
+    gen = torch.Generator().manual_seed(31 + dim)
+    inputs = _inputs(2, 8, 2, 700, 1000, dim, gen)
+    bias_layout, dtype = LAYOUTS["T5 [1, H, Sq, Skv] bf16"]
+    leaf = bias_leaf(bias_layout, 2, 8, 700, 1000, dtype, "cuda", gen)
+    sinks = (torch.randn(8, generator=gen) * 2).to("cuda")
+    for name, mask in masks_of_every_kind(2, 8, 700, 1000, "cuda", gen):
+        _kernel_errors_within_bound(inputs, mask, leaf, bias_layout, f"{name}, sinks", sinks=sinks)
 
 
 @pytest.mark.gpu
