@@ -16,13 +16,15 @@ outputs with NaN first (``poisoned_outputs``); GPU cases skip without the librar
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 from omni_hf import OmniBlockMask
 from omni_hf.ops import library
-from tests.helpers.bias_checks import bias_leaf, masks_of_every_kind, run_definition, run_omni
-from tests.helpers.brute_force import relative_error
+from tests.helpers.bias_checks import bias_leaf, run_definition, run_omni
+from tests.helpers.brute_force import masks_of_every_kind, relative_error
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in the backward's and the sinks' tests
 FLOOR = 1e-3  # bf16's half-ulp: where the reference rounds exactly, the kernel may still round once
@@ -118,9 +120,9 @@ def test_a_bias_that_needs_no_gradient_gets_no_accumulator(layout, monkeypatch):
     handed = []
     backward = library.backward
 
-    def spy(*args):
-        handed.append(args[-1])
-        return backward(*args)
+    def spy(*args, **kwargs):
+        handed.append(inspect.signature(backward).bind(*args, **kwargs).arguments.get("dbias"))
+        return backward(*args, **kwargs)
 
     monkeypatch.setattr(library, "backward", spy)
     mask = OmniBlockMask.causal(700, 1000)

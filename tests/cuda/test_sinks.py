@@ -15,7 +15,7 @@ import torch
 
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import library
-from tests.helpers.brute_force import packed_vlm_ids, relative_error
+from tests.helpers.brute_force import masks_of_every_kind, relative_error
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in the backward's tests
 
@@ -32,23 +32,6 @@ def sink_definition(q, k, v, allowed, scale, sinks, softcap=None):
     p = torch.softmax(torch.cat([s, sink_column], -1), -1)[..., :-1]
     lse = torch.logsumexp(torch.cat([s, sink_column], -1), -1)
     return torch.einsum("bhqk,bhkd->bhqd", p, v), lse
-
-
-def _masks(batch, heads_q, q_len, kv_len, device, gen):
-    """(name, OmniBlockMask) of every kind, with rows that see no key in the token-rule and dense ones."""
-    doc, grp = packed_vlm_ids(batch, kv_len, seed=int(torch.randint(0, 1 << 30, (), generator=gen)),
-                              doc_range=(40, 300), image_range=(20, 90), device=device)
-    doc[0, kv_len - q_len: kv_len - q_len + 5] = -1  # query rows of padding: no allowed key, only the sink
-    dense = torch.rand(batch, heads_q, q_len, kv_len, generator=gen).to(device) < 0.3
-    dense[:, :, :3] = False
-    return [
-        ("causal", OmniBlockMask.causal(q_len, kv_len)),
-        ("window", OmniBlockMask.causal(q_len, kv_len, window=70)),
-        ("full", OmniBlockMask.full(q_len, kv_len)),
-        ("token rule", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len)),
-        ("token rule, window", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=100)),
-        ("dense", OmniBlockMask.from_dense(dense)),
-    ]
 
 
 def _inputs(batch, heads_q, heads_kv, q_len, kv_len, dim, dtype, device, gen):
@@ -80,7 +63,7 @@ def test_sinks_on_the_reference_match_the_definition(softcap):
     gen = torch.Generator().manual_seed(7)
     q_len, kv_len = 150, 260
     inputs = _inputs(2, 4, 2, q_len, kv_len, 32, torch.float32, "cpu", gen)
-    for name, mask in _masks(2, 4, q_len, kv_len, "cpu", gen):
+    for name, mask in masks_of_every_kind(2, 4, q_len, kv_len, "cpu", gen):
         out, lse, grads = _run(*inputs, mask, softcap)
         gold_out, gold_lse, gold_grads = _gold(*inputs, mask, softcap)
         assert relative_error(out, gold_out) < 1e-5, name
@@ -158,7 +141,7 @@ def test_sinks_on_the_kernels_match_the_definition(dim, softcap):
     inputs = _inputs(2, 8, 2, q_len, kv_len, dim, torch.bfloat16, "cuda", gen)
     library.set_poison_outputs(True)  # every output element must be written: NaN where the kernel leaves one
     try:
-        for name, mask in _masks(2, 8, q_len, kv_len, "cuda", gen):
+        for name, mask in masks_of_every_kind(2, 8, q_len, kv_len, "cuda", gen):
             _kernel_errors_within_bound(inputs, mask, softcap, name)
     finally:
         library.set_poison_outputs(False)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from omni_hf import OmniBlockMask, omni_attention
-from tests.helpers.brute_force import packed_vlm_ids
+from omni_hf import omni_attention
 
 
 def bias_definition(q, k, v, allowed, scale, bias, sinks=None):
@@ -51,24 +50,6 @@ def bias_leaf(layout: str, batch, heads_q, q_len, kv_len, dtype, device, gen) ->
     the bias moves the softmax."""
     shape = BIAS_LAYOUTS[layout][0](batch, heads_q, q_len, kv_len)
     return (torch.randn(shape, generator=gen) * 2).to(device=device, dtype=dtype)
-
-
-def masks_of_every_kind(batch, heads_q, q_len, kv_len, device, gen) -> list[tuple[str, OmniBlockMask]]:
-    """(name, mask) of every kind: causal, windowed, full, the token rule (with and without a window) over packed
-    VLM ids whose padding rows see no key, and a random dense mask per head whose first rows see no key."""
-    doc, grp = packed_vlm_ids(batch, kv_len, seed=int(torch.randint(0, 1 << 30, (), generator=gen)),
-                              doc_range=(40, 300), image_range=(20, 90), device=device)
-    doc[0, kv_len - q_len: kv_len - q_len + 5] = -1  # query rows of padding: no allowed key
-    dense = torch.rand(batch, heads_q, q_len, kv_len, generator=gen).to(device) < 0.3
-    dense[:, :, :3] = False
-    return [
-        ("causal", OmniBlockMask.causal(q_len, kv_len)),
-        ("window", OmniBlockMask.causal(q_len, kv_len, window=70)),
-        ("full", OmniBlockMask.full(q_len, kv_len)),
-        ("token rule", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len)),
-        ("token rule, window", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=100)),
-        ("dense", OmniBlockMask.from_dense(dense)),
-    ]
 
 
 def run_omni(q, k, v, dout, mask, leaf, layout, *, sinks=None, scale=None, bias_grad=True, backward=True):

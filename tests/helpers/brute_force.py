@@ -8,6 +8,8 @@ import itertools
 
 import torch
 
+from omni_hf import OmniBlockMask
+
 
 def causal_dense(q_len: int, kv_len: int, window: int | None = None) -> torch.Tensor:
     """bool [q_len, kv_len]: query i (absolute position i + kv_len - q_len) sees keys at or before it, with
@@ -265,3 +267,21 @@ def random_token_ids(batch: int, length: int, seed: int) -> tuple[torch.Tensor, 
 def without_ranges(mask):
     """``mask`` with its token rule's ranges dropped, so the kernels compare ids instead of testing ranges."""
     return dataclasses.replace(mask, token_rule=dataclasses.replace(mask.token_rule, ranges=None))
+
+
+def masks_of_every_kind(batch, heads_q, q_len, kv_len, device, gen) -> list[tuple[str, OmniBlockMask]]:
+    """(name, mask) of every kind: causal, windowed, full, the token rule (with and without a window) over packed
+    VLM ids whose padding rows see no key, and a random dense mask per head whose first rows see no key."""
+    doc, grp = packed_vlm_ids(batch, kv_len, seed=int(torch.randint(0, 1 << 30, (), generator=gen)),
+                              doc_range=(40, 300), image_range=(20, 90), device=device)
+    doc[0, kv_len - q_len: kv_len - q_len + 5] = -1  # query rows of padding: no allowed key
+    dense = torch.rand(batch, heads_q, q_len, kv_len, generator=gen).to(device) < 0.3
+    dense[:, :, :3] = False
+    return [
+        ("causal", OmniBlockMask.causal(q_len, kv_len)),
+        ("window", OmniBlockMask.causal(q_len, kv_len, window=70)),
+        ("full", OmniBlockMask.full(q_len, kv_len)),
+        ("token rule", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len)),
+        ("token rule, window", OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=100)),
+        ("dense", OmniBlockMask.from_dense(dense)),
+    ]

@@ -15,8 +15,8 @@ import torch
 
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import reference
-from tests.helpers.bias_checks import BIAS_LAYOUTS, bias_leaf, masks_of_every_kind, run_definition, run_omni
-from tests.helpers.brute_force import relative_error
+from tests.helpers.bias_checks import BIAS_LAYOUTS, bias_leaf, run_definition, run_omni
+from tests.helpers.brute_force import masks_of_every_kind, relative_error
 
 CHUNK_ROWS = 37  # query rows of one reference chunk here: several chunks per call, none aligned to a tile
 
