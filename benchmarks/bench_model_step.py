@@ -28,9 +28,8 @@ Backends (``--attn``; default per arch: gpt-oss ``omni eager flex_attention sdpa
 ``omni``; ``eager`` (Transformers' reference: dense scores, the sinks as an extra softmax column, the bias added);
 ``flex_attention`` (Transformers' flex path: its own ``BlockMask``, the sinks by renormalising with the LSE, the
 bias in a ``score_mod``); ``sdpa`` (T5: the bias and the mask as one float ``attn_mask``; gpt-oss: refused by
-Transformers, no sinks). A backend the model refuses when it is built is recorded as ``skipped`` with the reason
-(omni on T5 where this tree's omni has no ``position_bias``); an error or an out-of-memory in a step as ``error`` /
-``oom``.
+Transformers, no sinks). A backend the model refuses when it is built is recorded as ``skipped`` with the reason;
+an error or an out-of-memory in a step as ``error`` / ``oom``.
 
 A step: forward with labels, ``loss.backward()``, AdamW (fused on a GPU) and ``zero_grad``, by
 `benchmarks.bench_vlm_training.train_step`. ``--warmup`` untimed steps (default 3; compiles Flex), then ``--steps``
