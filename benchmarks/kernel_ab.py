@@ -1,6 +1,6 @@
 """A/B of builds of the CUDA library, omni alone: the kernel time of each case's forward or backward per library.
 
-    python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] \
+    python -m benchmarks.kernel_ab base=/path/a.so new=/path/b.so [more=/path/c.so ...] [--tree base=/old/tree] \
         [--pass fwd|bwd] [--cases realistic|masks|small|d64|pairs|d256|d96|towers|decode] [--rounds 3] [--json FILE]
 
 Each library runs in a process of its own (two cannot register the same torch ops in one), named to it by
@@ -16,8 +16,10 @@ them alike, and every figure is the median of its rounds. Per case and library:
   library's. It flags a broken build; it is not an equality check (dQ is summed by reductions in any order, so it
   moves by ~1e-5 between calls and up to ~1e-2 between processes).
 
-The libraries share this tree's Python side, so they must have its ABI. A markdown table is printed last; ``--json``
-also keeps every round's rows.
+The libraries share this tree's Python side, so they must have its ABI, unless ``--tree NAME=DIR`` names the source
+tree a library was built from (``git worktree add DIR REV``): its children then run from DIR, with DIR's Python side,
+so a library of an older ABI can be timed against this one (DIR's kernel_ab must answer as this one does). A markdown
+table is printed last; ``--json`` also keeps every round's rows.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cases", default="realistic", choices=tuple(CASE_SETS))
     parser.add_argument("--rounds", type=int, default=3, help="each library runs once per round (default 3)")
     parser.add_argument("--json", type=Path, default=None, help="also write every round's rows here")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                        help="run library NAME's children from the source tree DIR (its own Python side and ABI)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -131,7 +135,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(str(err))
         if not args.libraries:
             parser.error("expected at least one NAME=PATH")
+        try:
+            args.trees = parse_trees(args.tree, args.libraries)
+        except ValueError as err:
+            parser.error(str(err))
     return args
+
+
+def parse_trees(specs: list[str], libraries: dict[str, str]) -> dict[str, str]:
+    """``--tree`` values ``["base=/old"]`` -> ``{library path: tree}``; ValueError for a name that is not a library's
+    or a folder without ``benchmarks/kernel_ab.py``."""
+    trees: dict[str, str] = {}
+    for spec in specs:
+        name, sep, tree = spec.partition("=")
+        if not (sep and name in libraries):
+            raise ValueError(f"--tree: expected NAME=DIR with NAME one of {', '.join(libraries)}, got {spec!r}")
+        if not (Path(tree) / "benchmarks" / "kernel_ab.py").is_file():
+            raise ValueError(f"--tree: expected a source tree holding benchmarks/kernel_ab.py, got {tree!r}")
+        trees[libraries[name]] = str(Path(tree).resolve())
+    return trees
 
 
 def measure_case(case: Case, which: str) -> dict:
@@ -193,13 +215,15 @@ def measure_cases(cases: list[Case], which: str) -> dict:
             "rows": [measure_case(case, which) for case in cases]}
 
 
-def child_process(child_args: list[str]) -> Callable[[str], dict]:
-    """A runner for `alternate`: ``python -m benchmarks.kernel_ab --child *child_args`` from the repository root
-    with ``OMNI_HF_CUDA_LIB`` naming the library; returns the child's answer (its last line of output)."""
+def child_process(child_args: list[str], trees: dict[str, str] | None = None) -> Callable[[str], dict]:
+    """A runner for `alternate`: ``python -m benchmarks.kernel_ab --child *child_args`` from the repository root, or
+    from the library's own source tree where ``trees`` (by library path) names one, with ``OMNI_HF_CUDA_LIB``
+    naming the library; returns the child's answer (its last line of output)."""
     def run(library: str) -> dict:
-        env = {**os.environ, "OMNI_HF_CUDA_LIB": str(Path(library).resolve())}
+        root = (trees or {}).get(library, str(REPO_ROOT))
+        env = {**os.environ, "OMNI_HF_CUDA_LIB": str(Path(library).resolve()), "PYTHONPATH": root}
         done = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "--child", *child_args], env=env,
-                              cwd=REPO_ROOT, capture_output=True, text=True)
+                              cwd=root, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"kernel_ab: the child for {library} exited {done.returncode}:\n{done.stderr[-4000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -273,14 +297,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure_cases(cases, args.which)))
         return
-    runs = alternate(args.libraries, args.rounds, child_process(child_args))
+    runs = alternate(args.libraries, args.rounds, child_process(child_args, args.trees))
     first = runs[next(iter(runs))][0]
     print(f"{first['device']}, torch {first['torch']}; pass {args.which}, cases {args.cases}, "
           f"median of {args.rounds} rounds")
     print(table(summarise(runs)))
     if args.json:
         args.json.write_text(json.dumps({"command": "python -m benchmarks.kernel_ab " + " ".join(argv or sys.argv[1:]),
-                                         "libraries": args.libraries, "runs": runs}, indent=1) + "\n")
+                                         "libraries": args.libraries, "trees": args.trees, "runs": runs},
+                                        indent=1) + "\n")
 
 
 if __name__ == "__main__":

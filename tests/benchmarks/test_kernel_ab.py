@@ -3,6 +3,7 @@ medians and the table on the CPU with a stand-in for the child processes; the me
 
 import random
 import statistics
+import subprocess
 
 import pytest
 import torch
@@ -123,8 +124,9 @@ def test_main_prints_the_table_from_the_children(monkeypatch, capsys, tmp_path):
     answers = fake_answers(libraries, 2, len(kernel_ab.CASE_SETS["realistic"]), random.Random(4))
     seen_args, counts = [], {}
 
-    def fake_child_process(child_args):
+    def fake_child_process(child_args, trees):
         seen_args.append(child_args)
+        assert trees == {}
 
         def run(path):
             name = next(n for n, p in libraries.items() if p == path)
@@ -153,3 +155,33 @@ def test_measure_case_on_the_gpu(which):
     assert row["case"] == "vlm S1024 B1 H4/2 D64"
     assert row["kernel_us"] > 0 and row["eager_us"] > 0 and row["tflops"] > 0
     assert len(row["sums"]) == (1 if which == "fwd" else 3) and all(s > 0 for s in row["sums"])
+
+
+def test_a_tree_runs_its_librarys_children_from_that_tree(tmp_path, monkeypatch):
+    """``--tree base=DIR``: base's children run from DIR with DIR first on the path (its own Python side, for a
+    library of another ABI); the other library's from this repository."""
+    tree = tmp_path / "old"
+    (tree / "benchmarks").mkdir(parents=True)
+    (tree / "benchmarks" / "kernel_ab.py").write_text("")
+    args = kernel_ab.parse_args(["base=/a.so", "new=/b.so", "--tree", f"base={tree}"])
+    assert args.trees == {"/a.so": str(tree.resolve())}
+    calls = []
+
+    def fake_run(command, env, cwd, **kwargs):
+        calls.append((cwd, env["PYTHONPATH"], env["OMNI_HF_CUDA_LIB"]))
+        return subprocess.CompletedProcess(command, 0, stdout='{"rows": []}\n', stderr="")
+
+    monkeypatch.setattr(kernel_ab.subprocess, "run", fake_run)
+    run = kernel_ab.child_process(["--pass", "fwd"], args.trees)
+    assert run("/a.so") == {"rows": []} and run("/b.so") == {"rows": []}
+    repo = str(kernel_ab.REPO_ROOT)
+    assert calls == [(str(tree.resolve()), str(tree.resolve()), "/a.so"), (repo, repo, "/b.so")]
+
+
+@pytest.mark.parametrize("spec, message", [("other=/x", "NAME one of base"), ("base", "NAME one of base"),
+                                           ("base=/nowhere", "holding benchmarks/kernel_ab.py")])
+def test_a_bad_tree_is_refused(spec, message, capsys):
+    with pytest.raises(SystemExit):
+        kernel_ab.parse_args(["base=/a.so", "--tree", spec])
+    assert message in capsys.readouterr().err
+
