@@ -329,6 +329,11 @@ class ContextParallelCollator:
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         batch = self.collator(samples)
+        missing = [key for key in ("omni_doc_ids", "omni_group_ids", "labels") if key not in batch]
+        if missing:
+            raise ValueError(f"collator: expected a packer whose batches hold omni_doc_ids, omni_group_ids and labels "
+                             f"(omni_hf.OmniCollator), got {type(self.collator).__name__}, whose batch lacks "
+                             f"{', '.join(missing)} (keys: {', '.join(sorted(batch))})")
         doc, grp = batch["omni_doc_ids"].to(torch.int32), batch["omni_group_ids"].to(torch.int32)
         bounds = balanced_bounds(doc.numpy(), grp.numpy(), self.world_size, self.window, self.token_cost)
         return ContextParallel(doc, grp, tuple(bounds), self.rank).shard_batch(batch)
