@@ -14,6 +14,7 @@ the trained weights (rank 0), for comparing with one process (tests/distributed/
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
@@ -107,7 +108,8 @@ def main() -> None:
         from datasets import Dataset
         from trl import SFTConfig
 
-        training_args = SFTConfig(**common, gradient_checkpointing=False, dataset_kwargs={"skip_prepare_dataset": True})
+        training_args = SFTConfig(**common, bf16=False, gradient_checkpointing=False,  # float32, as Trainer
+                                  dataset_kwargs={"skip_prepare_dataset": True})
         extra = dict(processing_class=tokenizer(vocab))
         dataset = Dataset.from_list(dataset)
     else:
@@ -128,6 +130,12 @@ def main() -> None:
         if args.weights:
             torch.save({k: v.detach().cpu() for k, v in trainer.accelerator.unwrap_model(trainer.model)
                         .state_dict().items()}, args.weights)
+    # The engine (DDP's reducer holds a handle on the process group) goes before the group: freed after it, at exit,
+    # a gloo group's destructor can wait on threads whose peers have left.
+    del trainer, model
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """omni's context parallelism through ``transformers.Trainer`` and TRL's ``SFTTrainer`` (`ContextParallelMixin`), on
 the CPU: the ranks of a row are fed the same samples and each keeps its shard; a tiny Llama trained for a few steps
-with cp = 2 (gloo, torchrun, examples/trainer_context_parallel.py) gives one process's losses and weights, with
-gradient accumulation too; bad set-ups are refused, naming the argument."""
+with cp = 2 (gloo, torchrun, examples/trainer_context_parallel.py) by either trainer gives one process's losses and
+weights, with gradient accumulation too; bad set-ups are refused, naming the argument."""
 
 from __future__ import annotations
 
@@ -141,13 +141,19 @@ def train(tmp_path: Path, ranks: int, *args: str) -> tuple[list[float], dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["trainer", "sft"])
 @pytest.mark.parametrize("args", [
     ("--steps", "3"),                                                        # AdamW
     ("--steps", "2", "--accumulation", "2", "--optim", "sgd", "--lr", "1"),  # the update is the gradient
 ], ids=["adamw", "accumulation"])
-def test_trainer_with_context_parallelism_trains_as_one_process(args, tmp_path):
-    """cp = 2 (dp = 1) against plain Trainer in one process on the same samples and seed: every micro-batch's loss
-    and the final weights within 1e-5 (float32, the exact reference attention)."""
+def test_trainer_with_context_parallelism_trains_as_one_process(trainer, args, tmp_path):
+    """cp = 2 (dp = 1) against the same trainer class in one process (Trainer, or TRL's SFTTrainer with its fused LM
+    head, in float32: SFTConfig's default bf16 autocast would move the gradients by ~1e-3) on the same samples and
+    seed: every micro-batch's loss and the final weights within 1e-5 (the exact reference attention)."""
+    if trainer == "sft":
+        pytest.importorskip("trl", reason="TRL is not installed")
+        pytest.importorskip("datasets", reason="datasets is not installed (SFTTrainer takes a datasets.Dataset)")
+    args = ("--trainer", trainer, *args)
     one_losses, one_weights = train(tmp_path, 1, "--cp", "1", *args)
     cp_losses, cp_weights = train(tmp_path, 2, *args)
     assert len(cp_losses) == len(one_losses) > 0
