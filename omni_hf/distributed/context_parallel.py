@@ -221,9 +221,13 @@ class ContextParallel:
 
     def to(self, device: torch.device | str, group: Any = _KEEP, non_blocking: bool = False) -> ContextParallel:
         """This shard with its ids on ``device`` and, where given, ``group`` as its process group (None: the default
-        group). The group must have this shard's number of ranks, and this process this shard's rank in it."""
+        group). The group must have this shard's number of ranks, and this process this shard's rank in it. Without
+        ``group`` the shard keeps its own, unchecked: a loader's device placement (accelerate's ``send_to_device``
+        calls ``.to(device)`` on whatever has one) moves a collator's shard before it is bound."""
+        check = group is not _KEEP
         group = self.group if group is _KEEP else group
-        if dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (self.world_size, self.rank):
+        if check and dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (
+                self.world_size, self.rank):
             raise ValueError(f"group: expected the row's {self.world_size} ranks "
                              f"with this process as rank {self.rank}, "
                              f"got {dist.get_world_size(group)} ranks with this process as rank "
