@@ -161,3 +161,15 @@ def test_trainer_with_context_parallelism_trains_as_one_process(trainer, args, t
         assert abs(got - want) <= 1e-5 * abs(want), (cp_losses, one_losses)
     for name, want in one_weights.items():
         assert relative_error(cp_weights[name], want) <= 1e-5, name
+
+
+@pytest.mark.slow
+def test_two_rows_of_two_ranks_train_as_one_process_on_both_rows(tmp_path):
+    """dp = 2 x cp = 2 (4 ranks; each data rank packs 4 samples) against one process packing the same 8 samples per
+    step: Trainer weights the rows by their labelled tokens, as one process does over the 8 samples' rows."""
+    one_losses, one_weights = train(tmp_path, 1, "--cp", "1", "--batch", "8")
+    cp_losses, cp_weights = train(tmp_path, 4, "--cp", "2", "--batch", "4")
+    for got, want in zip(cp_losses, one_losses, strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (cp_losses, one_losses)
+    for name, want in one_weights.items():
+        assert relative_error(cp_weights[name], want) <= 1e-5, name
