@@ -172,10 +172,11 @@ def _dedicated_cp_group(device_mesh) -> tuple[Any, int]:
     that row among the mesh's rows (the data-parallel rank).
 
     Not the mesh's own group: where ``cp`` spans every rank, DeviceMesh hands out the default group, on which DDP
-    also all-reduces its gradient buckets, asynchronously, during the backward, while the attention's backward sums
-    dK / dV over the row's ranks on the same group. The ranks may then issue the two in different orders, and the
-    collectives pair up the wrong tensors (on gloo: gradients off by ~1e-3, or an abort). Every rank makes every row's
-    group, in the same order, as ``new_group`` requires."""
+    also launches its gradient buckets' all-reduces, asynchronously, during the backward, while the attention's
+    backward sums dK / dV over the row's ranks. A group of their own keeps the attention's collectives off the
+    engine's communicator, so that nothing rests on the two being issued in the same order on every rank (a
+    precaution: no mismatch was seen on the shared group). Every rank makes every row's group, in the same order, as
+    ``new_group`` requires."""
     names = device_mesh.mesh_dim_names
     rows = device_mesh.mesh.movedim(names.index("cp"), -1).reshape(-1, device_mesh["cp"].size()).tolist()
     me = dist.get_rank()
