@@ -23,9 +23,10 @@ The ranks form a data x context mesh (``cp_size`` consecutive ranks share a pack
 
 Refused, naming the argument: a cp size that does not divide the world size, ``average_tokens_across_devices=False``
 (each rank would divide by its shard's count), a model whose forward takes no loss kwargs, ``compute_loss_func`` and
-label smoothing (both shift the shard's ``labels`` themselves, losing the target of a shard's last token), and
-accelerate's own context parallelism (``ParallelismConfig(cp_size=)``, torch's SDPA ring) alongside. A collator whose
-batches lack ``omni_doc_ids`` is refused by `ContextParallelCollator` at the first batch.
+label smoothing (both shift the shard's ``labels`` themselves, losing the target of a shard's last token), a model
+whose attention is not omni's (it would see only the rank's shard), and accelerate's own context parallelism
+(``ParallelismConfig(cp_size=)``, torch's SDPA ring) alongside. A collator whose batches lack ``omni_doc_ids`` is
+refused by `ContextParallelCollator` at the first batch.
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ class ContextParallelMixin:
         if self.label_smoother is not None:
             raise ValueError("label_smoothing_factor: expected 0 (label smoothing shifts each shard's labels itself), "
                              f"got {self.args.label_smoothing_factor}")
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        implementation = getattr(text, "_attn_implementation", None)
+        if implementation != "omni":
+            raise ValueError("model: expected attn_implementation='omni' (other attention would see only the rank's "
+                             f"shard of each row), got {implementation!r}")
         if not self.model_accepts_loss_kwargs:
             raise ValueError("model: expected a forward that takes loss kwargs (num_items_in_batch, shift_labels), "
                              f"got {type(self.model).__name__}, whose forward takes none")

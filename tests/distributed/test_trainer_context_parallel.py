@@ -61,6 +61,13 @@ def test_a_loss_that_would_not_be_the_rows_is_refused(kwargs, extra, message):
                   data_collator=pack(), cp_size=1, **extra)
 
 
+def test_a_model_without_omni_attention_is_refused():
+    model = tiny_llama()
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="model: expected attn_implementation='omni' .* got 'eager'"):
+        CPTrainer(model=model, args=training_args(), train_dataset=samples(8, 100), data_collator=pack(), cp_size=1)
+
+
 def test_a_collator_without_the_token_rule_ids_is_refused():
     from transformers import default_data_collator
 
