@@ -7,6 +7,7 @@ from .context_parallel import (
                                balanced_bounds,
                                token_work_in_pairs,
 )
+from .trainer import ContextParallelMixin
 
-__all__ = ["ContextParallel", "ContextParallelCollator", "allowed_keys_per_query", "balanced_bounds",
-           "token_work_in_pairs"]
+__all__ = ["ContextParallel", "ContextParallelCollator", "ContextParallelMixin", "allowed_keys_per_query",
+           "balanced_bounds", "token_work_in_pairs"]

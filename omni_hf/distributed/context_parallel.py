@@ -221,9 +221,13 @@ class ContextParallel:
 
     def to(self, device: torch.device | str, group: Any = _KEEP, non_blocking: bool = False) -> ContextParallel:
         """This shard with its ids on ``device`` and, where given, ``group`` as its process group (None: the default
-        group). The group must have this shard's number of ranks, and this process this shard's rank in it."""
+        group). The group must have this shard's number of ranks, and this process this shard's rank in it. Without
+        ``group`` the shard keeps its own, unchecked: a loader's device placement (accelerate's ``send_to_device``
+        calls ``.to(device)`` on whatever has one) moves a collator's shard before it is bound."""
+        check = group is not _KEEP
         group = self.group if group is _KEEP else group
-        if dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (self.world_size, self.rank):
+        if check and dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (
+                self.world_size, self.rank):
             raise ValueError(f"group: expected the row's {self.world_size} ranks "
                              f"with this process as rank {self.rank}, "
                              f"got {dist.get_world_size(group)} ranks with this process as rank "
@@ -329,6 +333,11 @@ class ContextParallelCollator:
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         batch = self.collator(samples)
+        missing = [key for key in ("omni_doc_ids", "omni_group_ids", "labels") if key not in batch]
+        if missing:
+            raise ValueError(f"collator: expected a packer whose batches hold omni_doc_ids, omni_group_ids and labels "
+                             f"(omni_hf.OmniCollator), got {type(self.collator).__name__}, whose batch lacks "
+                             f"{', '.join(missing)} (keys: {', '.join(sorted(batch))})")
         doc, grp = batch["omni_doc_ids"].to(torch.int32), batch["omni_group_ids"].to(torch.int32)
         bounds = balanced_bounds(doc.numpy(), grp.numpy(), self.world_size, self.window, self.token_cost)
         return ContextParallel(doc, grp, tuple(bounds), self.rank).shard_batch(batch)

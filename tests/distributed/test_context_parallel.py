@@ -211,7 +211,7 @@ def group_rank(rank, world_size):
     doc, grp = packed_ids(0)
     cp = ContextParallel(doc, grp, (0, 200, 400, LENGTH), rank)
     try:
-        cp.to("cpu")
+        cp.to("cpu", group=None)  # the default group, checked
     except ValueError as err:
         return {"error": str(err)}
     return {"error": None}
