@@ -24,6 +24,23 @@ __forceinline__ __device__ float sink_log2(const OmniFwdParams& p, int h) {
   return p.sinks == nullptr ? -INFINITY : p.sinks[h] * float(M_LOG2E);
 }
 
+// How a row is normalised: out *= inv, and its natural-log LSE. max_log2: the running max of its scores in log2
+// units, sum: the sum of exp2(score - max_log2) (0: no allowed key, max_log2 then ignored), sink_log2: the row's
+// sink logit in log2 units (-inf: none), which joins the denominator and takes no value. A row with neither an
+// allowed key nor a sink gets inv 0 and lse -inf; one with only a sink inv 0 and the sink's logit.
+struct RowNorm {
+  float inv, lse;
+};
+
+__forceinline__ __device__ RowNorm normalise_row(float max_log2, float sum, float sink_log2) {
+  const float row_max = sum == 0.f ? -INFINITY : max_log2;
+  const float top = fmaxf(row_max, sink_log2);  // the denominator's largest term
+  if (top == -INFINITY) return {0.f, -INFINITY};
+  const float keep = exp2f(row_max - top);  // 1 without a sink, 0 without a key
+  const float total = sum * keep + exp2f(sink_log2 - top);
+  return {keep / total, top * float(M_LN2) + logf(total)};
+}
+
 __forceinline__ __device__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -106,26 +123,16 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises o by the row sums and returns each row's natural-log LSE. sink_log2 is the row's sink logit times
-  // log2(e) (-inf: no sink), which joins the denominator and takes no value. A row with no allowed key keeps o
-  // exactly 0 and gets lse -inf, or the sink's logit where there is one.
+  // Normalises o by the row sums and returns each row's natural-log LSE (normalise_row; sink_log2: the rows' sink
+  // logit times log2(e), -inf for none). A row with no allowed key keeps o exactly 0.
   template <class TO>
   __forceinline__ __device__ void finalize(TO& o, float scale_log2, float (&lse)[kRows], float sink_log2 = -INFINITY) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_allreduce(row_sum[r], SumOp{});
-      const float row_max_log2 = sum == 0.f ? -INFINITY : row_max[r] * scale_log2;
-      const float top = fmaxf(row_max_log2, sink_log2);  // the denominator's largest term, log2 units
-      float inv = 0.f;
-      lse[r] = -INFINITY;
-      if (top != -INFINITY) {
-        const float keep = exp2f(row_max_log2 - top);  // 1 without a sink
-        const float total = sum * keep + exp2f(sink_log2 - top);
-        inv = keep / total;
-        lse[r] = top * float(M_LN2) + logf(total);
-      }
+      const RowNorm norm = normalise_row(row_max[r] * scale_log2, quad_allreduce(row_sum[r], SumOp{}), sink_log2);
+      lse[r] = norm.lse;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= norm.inv;
     }
   }
 };

@@ -238,16 +238,9 @@ __global__ void __launch_bounds__(kThreads) slice_kernel(const __grid_constant__
       o += o_s[(w * kMaxRows + r) * kDim + d];
       l += max_s[w][r] == -INFINITY ? 0.f : sum_s[w][r] * exp2f(max_s[w][r] - m);
     }
-    const float top = fmaxf(l == 0.f ? -INFINITY : m, sink);  // the denominator's largest term, log2 units
-    float lse = -INFINITY;
-    if (top == -INFINITY) {
-      o = 0.f;
-    } else {
-      const float keep = l == 0.f ? 0.f : exp2f(m - top);
-      const float total = l * keep + exp2f(sink - top);
-      o = o * keep / total;
-      lse = (top + log2f(total)) * float(M_LN2);
-    }
+    const RowNorm norm = normalise_row(m, l, sink);
+    o *= norm.inv;
+    const float lse = norm.lse;
     const int64_t n = (static_cast<int64_t>(b) * p.heads_q + row.head) * p.q_len + row.query;
     if (sp.plan.slices == 1) {
       Element* out = static_cast<Element*>(p.out.ptr) + b * p.out.stride_b + row.head * p.out.stride_h +
