@@ -39,6 +39,7 @@ from benchmarks import layouts, measure
 from benchmarks.peers import _repeat_kv
 from benchmarks.run import SHAPES, Shape
 from omni_hf import omni_attention
+from omni_hf.ops.attention import MAX_HEAD_DIM
 
 SHAPE = SHAPES["realistic"]
 FEATURES = ("none", "sinks", "bias")
@@ -213,8 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seqlens = [int(n) for n in args.seqlens.split(",")]
     except ValueError:
         parser.error(f"--seqlens: expected comma-separated integers, got {args.seqlens!r}")
-    if args.head_dim % 8 or not 8 <= args.head_dim <= 256:
-        parser.error(f"--head-dim: expected a multiple of 8 up to 256, got {args.head_dim}")
+    if args.head_dim % 8 or not 8 <= args.head_dim <= MAX_HEAD_DIM:
+        parser.error(f"--head-dim: expected a multiple of 8 up to {MAX_HEAD_DIM}, got {args.head_dim}")
     if args.rounds < 1 or (args.window is not None and args.window < 1):
         parser.error("--rounds and --window: at least 1")
     args.features = tuple(dict.fromkeys(["none", *args.features]))

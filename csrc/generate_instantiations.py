@@ -33,6 +33,7 @@ HEAD_DIMS = {
     96: ("sm80", "sm90", "decode"),
     128: ("sm80", "sm90", "decode"),
     256: ("sm80", "sm90"),
+    512: ("sm80",),
 }
 BLOCK_SIZES = (64, 128)  # the mask block sizes (rows and columns) every kernel takes
 MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z dimensions: batch rows, query blocks, key tiles per launch
@@ -53,9 +54,9 @@ BUILD_TARGETS = {
 # them with a GPU's opt-in shared memory per block before choosing the kernels.
 SM80_SMEM_BYTES = {
     "fwd": {(64, 64): 25600, (64, 128): 34816, (96, 64): 37888, (96, 128): 51200, (128, 64): 50176,
-            (128, 128): 67584, (256, 64): 99328, (256, 128): 133120},
+            (128, 128): 67584, (256, 64): 99328, (256, 128): 133120, (512, 64): 164864, (512, 128): 231424},
     "bwd": {(64, 64): 67712, (64, 128): 100992, (96, 64): 92288, (96, 128): 133760, (128, 64): 116864,
-            (128, 128): 166528, (256, 64): 215168, (256, 128): 215168},
+            (128, 128): 166528, (256, 64): 215168, (256, 128): 215168, (512, 64): 206208, (512, 128): 206208},
 }
 
 

@@ -1,8 +1,9 @@
 // The two row-wise kernels around the backward main kernel: the preprocess (D = rowsum(dO * O), lse in
 // base 2, dQ accumulator zeroed) and the conversion of the fp32 dQ accumulator to the output dtype.
 // Both: one CTA of 256 threads per (64-row tile, batch * query head); each row is read as 16-byte vectors
-// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96). Of a
-// call's head_dim below kHeadDim, the columns past it are neither read nor written (zeros to the dot product).
+// by kHeadDim / 8 consecutive lanes (of a power-of-two group of lanes, whose last ones idle at head dim 96), or by
+// a whole warp, a vector per lane per 256 columns, above head dim 256. Of a call's head_dim below kHeadDim, the
+// columns past it are neither read nor written (zeros to the dot product).
 // Both kernel families launch the preprocess (launch_preprocess); the conversion is sm_80's (the sm_90a
 // accumulator has its own layout, sm90/bwd_dq.cuh).
 #pragma once
@@ -22,10 +23,11 @@ struct RowLanes {
   static constexpr int kVec = 8;  // elements per 16-byte vector of fp16 / bf16
   static constexpr int kVecs = kHeadDim / kVec;
   static constexpr int kPerRow = kVecs <= 8 ? 8 : kVecs <= 16 ? 16 : 32;  // lanes sharing a row
-  static constexpr int kRowsPerPass = kRowThreads / kPerRow;            // rows a CTA covers per pass
-  static_assert(kHeadDim % kVec == 0 && kVecs <= 32, "a row's lanes stay inside one warp");
-  // The first column of this thread's vector; kHeadDim or more for the idle lanes.
-  __device__ static int col() { return (threadIdx.x % kPerRow) * kVec; }
+  static constexpr int kVecsPerLane = (kVecs + kPerRow - 1) / kPerRow;     // vectors of a row each lane takes
+  static constexpr int kRowsPerPass = kRowThreads / kPerRow;               // rows a CTA covers per pass
+  static_assert(kHeadDim % kVec == 0 && kVecs % kVecsPerLane == 0, "a row's lanes stay inside one warp");
+  // The first column of this thread's vector v; kHeadDim or more for the idle lanes.
+  __device__ static int col(int v = 0) { return (threadIdx.x % kPerRow + v * kPerRow) * kVec; }
 };
 
 // grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
@@ -39,7 +41,6 @@ __global__ void __launch_bounds__(kRowThreads)
   const OmniFwdParams& f = p.fwd;
   const int bh = blockIdx.x;
   const int b = bh / f.heads_q, h = bh % f.heads_q;
-  const int col = Lanes::col();
   cutlass::NumericArrayConverter<float, Element, Lanes::kVec> to_float;
   __shared__ float dsink;
   if (p.dsinks != nullptr) {
@@ -49,24 +50,32 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;
     float dot = 0.f;
-    if (i < f.q_len && col < f.head_dim) {
-      const auto dout =
-          to_float(*reinterpret_cast<const Vec*>(static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b +
-                                                 h * p.dout.stride_h + i * p.dout.stride_s + col));
-      const auto out = to_float(*reinterpret_cast<const Vec*>(
-          static_cast<const Element*>(f.out.ptr) + b * f.out.stride_b + h * f.out.stride_h + i * f.out.stride_s + col));
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < Lanes::kVec; ++e) dot += dout[e] * out[e];
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < Lanes::kVecsPerLane; ++v) {
+      const int col = Lanes::col(v);
+      if (i < f.q_len && col < f.head_dim) {
+        const auto dout =
+            to_float(*reinterpret_cast<const Vec*>(static_cast<const Element*>(p.dout.ptr) + b * p.dout.stride_b +
+                                                   h * p.dout.stride_h + i * p.dout.stride_s + col));
+        const auto out =
+            to_float(*reinterpret_cast<const Vec*>(static_cast<const Element*>(f.out.ptr) + b * f.out.stride_b +
+                                                   h * f.out.stride_h + i * f.out.stride_s + col));
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < Lanes::kVec; ++e) dot += dout[e] * out[e];
+      }
     }
     CUTLASS_PRAGMA_UNROLL
     for (int lane = Lanes::kPerRow / 2; lane > 0; lane /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lane);
     const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
-    if (col < kHeadDim) {
-      float4* acc = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + col);
-      acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-      acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < Lanes::kVecsPerLane; ++v) {
+      if (Lanes::col(v) < kHeadDim) {
+        float4* acc = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + Lanes::col(v));
+        acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
-    if (col == 0) {
+    if (Lanes::col() == 0) {
       const float lse = i < f.q_len ? f.lse[static_cast<int64_t>(bh) * f.q_len + i] : -INFINITY;
       ws.dsum[row] = dot;
       ws.lse2[row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
@@ -87,20 +96,24 @@ __global__ void __launch_bounds__(kRowThreads)
   using Lanes = RowLanes<kHeadDim>;
   const int bh = blockIdx.x;
   const int b = bh / p.fwd.heads_q, h = bh % p.fwd.heads_q;
-  const int col = Lanes::col();
-  if (col >= p.fwd.head_dim) return;
+  if (Lanes::col() >= p.fwd.head_dim) return;
   cutlass::NumericArrayConverter<Element, float, Lanes::kVec> to_element;
   for (int r = threadIdx.x / Lanes::kPerRow; r < kRowTile; r += Lanes::kRowsPerPass) {
     const int i = blockIdx.y * kRowTile + r;
     if (i >= p.fwd.q_len) break;
     const int64_t row = static_cast<int64_t>(bh) * ws.q_pad + i;
-    cutlass::Array<float, Lanes::kVec> acc =
-        *reinterpret_cast<const cutlass::Array<float, Lanes::kVec>*>(ws.dq_accum + row * kHeadDim + col);
     CUTLASS_PRAGMA_UNROLL
-    for (int e = 0; e < Lanes::kVec; ++e) acc[e] *= p.fwd.scale;
-    *reinterpret_cast<cutlass::Array<Element, Lanes::kVec>*>(static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b +
-                                                             h * p.dq.stride_h + i * p.dq.stride_s + col) =
-        to_element(acc);
+    for (int v = 0; v < Lanes::kVecsPerLane; ++v) {
+      const int col = Lanes::col(v);
+      if (col >= p.fwd.head_dim) break;
+      cutlass::Array<float, Lanes::kVec> acc =
+          *reinterpret_cast<const cutlass::Array<float, Lanes::kVec>*>(ws.dq_accum + row * kHeadDim + col);
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < Lanes::kVec; ++e) acc[e] *= p.fwd.scale;
+      *reinterpret_cast<cutlass::Array<Element, Lanes::kVec>*>(static_cast<Element*>(p.dq.ptr) + b * p.dq.stride_b +
+                                                               h * p.dq.stride_h + i * p.dq.stride_s + col) =
+          to_element(acc);
+    }
   }
 }
 

@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   constexpr int kBlockN = Kt::kBlockN;
   constexpr int kD = Kt::kHeadDim;
   constexpr int kNThreads = Kt::kNThreads;
+  constexpr int kQBuffers = Kt::kQBuffers;
+  constexpr int kDQ = Kt::kDQ;
   static_assert(kBlockM == kRowTile, "the workspace pads rows to the backward's tile");
 
   extern __shared__ __align__(1024) char smem_raw[];
@@ -77,14 +79,28 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   const float mul = softmax_scale_log2(f, kSoftcap);
   auto qpos0_of = [&](const QTile& t) { return t.m_block * kBlockM + f.kv_len - f.q_len; };
 
-  // Shared-memory tensors; Q and dO (and their transposed views) per buffer.
-  auto sQ = [&](int buf) { return make_tensor(make_smem_ptr(sm.q[buf].data()), typename Kt::SmemLayoutQ{}); };
-  auto sdO = [&](int buf) { return make_tensor(make_smem_ptr(sm.dout[buf].data()), typename Kt::SmemLayoutQ{}); };
-  auto sQt = [&](int buf) { return make_tensor(make_smem_ptr(sm.q[buf].data()), typename Kt::SmemLayoutQt{}); };
-  auto sdOt = [&](int buf) { return make_tensor(make_smem_ptr(sm.dout[buf].data()), typename Kt::SmemLayoutQt{}); };
+  // Shared-memory tensors; Q and dO (and their transposed views) per buffer, of which there are kQBuffers: the loop
+  // alternates buf, and a single buffer serves both values.
+  auto sQ = [&](int buf) {
+    return make_tensor(make_smem_ptr(sm.q[buf % kQBuffers].data()), typename Kt::SmemLayoutQ{});
+  };
+  auto sdO = [&](int buf) {
+    return make_tensor(make_smem_ptr(sm.dout[buf % kQBuffers].data()), typename Kt::SmemLayoutQ{});
+  };
+  auto sQt = [&](int buf) {
+    return make_tensor(make_smem_ptr(sm.q[buf % kQBuffers].data()), typename Kt::SmemLayoutQt{});
+  };
+  auto sdOt = [&](int buf) {
+    return make_tensor(make_smem_ptr(sm.dout[buf % kQBuffers].data()), typename Kt::SmemLayoutQt{});
+  };
+  auto lse2_of = [&](int buf) { return sm.lse2[buf % kQBuffers].data(); };
+  auto dsum_of = [&](int buf) { return sm.dsum[buf % kQBuffers].data(); };
   Tensor sK = make_tensor(make_smem_ptr(sm.k.data()), typename Kt::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(sm.v.data()), typename Kt::SmemLayoutK{});
-  Tensor sKt = make_tensor(make_smem_ptr(sm.k.data()), typename Kt::SmemLayoutKt{});
+  // K^T of dQ slice `i`: columns i * kDQ .. of K, a whole number of swizzle atoms in (SmemLayoutTile).
+  auto sKt = [&](int i) {
+    return make_tensor(make_smem_ptr(sm.k.data() + i * kBlockN * kDQ), typename Kt::SmemLayoutKt{});
+  };
   Tensor sP = make_tensor(make_smem_ptr(sm.p.data()), typename Kt::SmemLayoutP{});
   Tensor sdS = make_tensor(make_smem_ptr(sm.ds.data()), typename Kt::SmemLayoutP{});
   Tensor sPt = make_tensor(make_smem_ptr(sm.p.data()), typename Kt::SmemLayoutPt{});
@@ -107,9 +123,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
     const int64_t ws_row = (int64_t(b) * f.heads_q + t.h) * ws.q_pad + m0;
     constexpr int kVecs = kBlockM / 4;  // 16-byte vectors of one per-row array
     if (tid < kVecs) {
-      cp_async_16(&sm.lse2[buf][tid * 4], ws.lse2 + ws_row + tid * 4);
+      cp_async_16(lse2_of(buf) + tid * 4, ws.lse2 + ws_row + tid * 4);
     } else if (tid < 2 * kVecs) {
-      cp_async_16(&sm.dsum[buf][(tid - kVecs) * 4], ws.dsum + ws_row + (tid - kVecs) * 4);
+      cp_async_16(dsum_of(buf) + (tid - kVecs) * 4, ws.dsum + ws_row + (tid - kVecs) * 4);
     }
     cp_async_fence();
   };
@@ -138,7 +154,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   Tensor tdVsPt = copy_pt.get_thread_slice(tid).partition_S(sPt);
   Tensor tdKsdSt = copy_pt.get_thread_slice(tid).partition_S(sdSt);
   Tensor tdQsdS = copy_ds.get_thread_slice(tid).partition_S(sdS);
-  Tensor tdQsKt = copy_kt.get_thread_slice(tid).partition_S(sKt);
   Tensor tPsP = store_pds_thr.partition_D(sP);
   Tensor tPsdS = store_pds_thr.partition_D(sdS);
 
@@ -148,7 +163,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   Tensor rA_dkv = make_tensor<Element>(partition_shape_A(mma_dkv, Shape<Int<kBlockN>, Int<kBlockM>>{}));  // P^T, dS^T
   Tensor rB_dkv = make_tensor<Element>(partition_shape_B(mma_dkv, Shape<Int<kD>, Int<kBlockM>>{}));  // dO^T, Q^T
   Tensor rA_dq = make_tensor<Element>(partition_shape_A(mma_dq, Shape<Int<kBlockM>, Int<kBlockN>>{}));  // dS
-  Tensor rB_dq = make_tensor<Element>(partition_shape_B(mma_dq, Shape<Int<kD>, Int<kBlockN>>{}));  // K^T
+  Tensor rB_dq = make_tensor<Element>(partition_shape_B(mma_dq, Shape<Int<kDQ>, Int<kBlockN>>{}));  // K^T
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
@@ -160,9 +175,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
   auto cS_rc = rowcol(cS);
 
   // Thread 0 walks the column two tiles ahead of the compute: when the iteration of buffer buf starts,
-  // tiles[buf ^ 1] is the next tile (its loads are issued then); after the barrier thread 0 writes the one
-  // after it into tiles[buf], the slot of the current tile, which every thread has read already. The
-  // walk's global reads delay warp 0 only, and only when a new list entry starts.
+  // tiles[buf ^ 1] is the next tile (its loads are issued then, or with one buffer at the iteration's end); after
+  // the barrier thread 0 writes the one after it into tiles[buf], the slot of the current tile, which every thread
+  // has read already. The walk's global reads delay warp 0 only, and only when a new list entry starts.
   auto column_walk = [&] { return ColumnWalk<kBlockM>(f.mask, b, hkv * group, group, n_block, f.q_len, f.kv_len); };
   auto advance_walk = [&](QTile& slot) { slot = column_walk().next(sm.cursor); };
   if (tid == 0) {
@@ -184,7 +199,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
 
     // The next tile, tiles[buf ^ 1], is read from smem at each use rather than held in registers.
     for (int buf = 0;; buf ^= 1) {
-      if (sm.tiles[buf ^ 1].valid) {
+      if (kQBuffers == 2 && sm.tiles[buf ^ 1].valid) {
         load_q_tile(sm.tiles[buf ^ 1], buf ^ 1);
         cp_async_wait<1>();
       } else {
@@ -215,7 +230,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       auto pe_rc = rowcol(p_elem);
       CUTE_UNROLL
       for (int r = 0; r < size<0>(p_rc); ++r) {
-        const float lse2 = sm.lse2[buf][get<0>(cS_rc(r, 0))];
+        const float lse2 = lse2_of(buf)[get<0>(cS_rc(r, 0))];
         CUTE_UNROLL
         for (int c = 0; c < size<1>(p_rc); ++c) {
           p_rc(r, c) = fast_exp2(p_rc(r, c) * mul - lse2);
@@ -232,8 +247,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp_rc); ++r) {
         const int row = get<0>(cS_rc(r, 0));
-        const float d = sm.dsum[buf][row];
-        const float lse2 = sm.lse2[buf][row];
+        const float d = dsum_of(buf)[row];
+        const float lse2 = lse2_of(buf)[row];
         CUTE_UNROLL
         for (int c = 0; c < size<1>(dp_rc); ++c) {
           dp_rc(r, c) = score_grad<kSoftcap>(p_rc(r, c), dp_rc(r, c), d, lse2, 1.f / mul);
@@ -249,14 +264,19 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       // dV += P^T dO.
       gemm_ss(acc_dv, rA_dkv, rB_dkv, tdVsPt, copy_qdot_thr.partition_S(sdOt(buf)), mma_dkv, copy_pt, copy_qdot);
 
-      // dQ_accum += dS K, as atomics that drain while the dK GEMM runs.
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
-      clear(acc_dq);
-      gemm_ss(acc_dq, rA_dq, rB_dq, tdQsdS, tdQsKt, mma_dq, copy_ds, copy_kt);
+      // dQ_accum += dS K, kDQ columns at a time, as atomics that drain while the dK GEMM runs.
       float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + cur.h) * ws.q_pad + cur.m_block * kBlockM) * kD;
-      Tensor gdQ = make_tensor(make_gmem_ptr(dq_rows), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{});
-      Tensor tdQgdQ = mma_dq.get_thread_slice(tid).partition_C(gdQ);
-      atomic_add_fragment(acc_dq, tdQgdQ);
+      CUTE_UNROLL
+      for (int i = 0; i < Kt::kDQSplits; ++i) {
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kDQ>>{});
+        clear(acc_dq);
+        gemm_ss(acc_dq, rA_dq, rB_dq, tdQsdS, copy_kt.get_thread_slice(tid).partition_S(sKt(i)), mma_dq, copy_ds,
+                copy_kt);
+        Tensor gdQ =
+            make_tensor(make_gmem_ptr(dq_rows + i * kDQ), Shape<Int<kBlockM>, Int<kDQ>>{}, Stride<Int<kD>, _1>{});
+        Tensor tdQgdQ = mma_dq.get_thread_slice(tid).partition_C(gdQ);
+        atomic_add_fragment(acc_dq, tdQgdQ);
+      }
 
       // The next tile's row ids (the current ones were read before the barrier), loading during dK.
       if (sm.tiles[buf ^ 1].valid && sm.tiles[buf ^ 1].kind == kTileToken) {
@@ -269,6 +289,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
 
       __syncthreads();  // buffer buf, P and dS are free for the next tile
       if (!sm.tiles[buf ^ 1].valid) break;
+      if constexpr (kQBuffers == 1) load_q_tile(sm.tiles[buf ^ 1], buf ^ 1);
       cur = sm.tiles[buf ^ 1];
     }
   }

@@ -42,15 +42,17 @@ int run_bwd_tiles(const OmniBwdParams& p, const bwd::Workspace& ws) {
 }
 
 // Key tiles of the mask's block_kv; above head dim 128, tiles of 64 keys (halves of 128-key blocks), since dK and
-// dV of 128 keys x 256 columns would take 256 accumulator registers per thread.
+// dV of 128 keys x 256 columns would take 256 accumulator registers per thread; above 256, tiles of 32 keys, the
+// most that fit in shared memory beside a 64-row tile of Q and of dO (bwd_traits.cuh).
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
-  constexpr int kTileOf128Keys = kHeadDim > 128 ? 64 : 128;  // the key tile that runs 128-key blocks
-  static_assert(bwd::Traits<Element, kHeadDim, 64>::kSmemBytes == sm80_bwd_smem_bytes(kHeadDim, 64) &&
+  constexpr int kTileOf64Keys = kHeadDim > 256 ? 32 : 64;  // the key tile that runs 64-key blocks
+  constexpr int kTileOf128Keys = kHeadDim > 256 ? 32 : kHeadDim > 128 ? 64 : 128;  // and 128-key blocks
+  static_assert(bwd::Traits<Element, kHeadDim, kTileOf64Keys>::kSmemBytes == sm80_bwd_smem_bytes(kHeadDim, 64) &&
                     bwd::Traits<Element, kHeadDim, kTileOf128Keys>::kSmemBytes == sm80_bwd_smem_bytes(kHeadDim, 128),
                 "the sm_80 backward's shared memory differs from SM80_SMEM_BYTES in csrc/generate_instantiations.py");
-  if constexpr (kHeadDim > 128) {
-    return run_bwd_tiles<Element, kHeadDim, 64>(p, ws);
+  if constexpr (kTileOf64Keys == kTileOf128Keys) {
+    return run_bwd_tiles<Element, kHeadDim, kTileOf64Keys>(p, ws);
   } else {
     return dispatch_block(p.fwd.mask.block_kv,
                           [&](auto block_kv) { return run_bwd_tiles<Element, kHeadDim, block_kv()>(p, ws); });

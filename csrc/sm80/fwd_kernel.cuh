@@ -24,11 +24,11 @@ namespace omni {
 
 using namespace cute;
 
-// A [kRows, kHeadDim] view of tensor t at (b, h), starting at row `row0`.
-template <typename Element, int kRows, int kHeadDim>
-__forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int row0) {
-  Element* ptr = static_cast<Element*>(t.ptr) + b * t.stride_b + h * t.stride_h + int64_t(row0) * t.stride_s;
-  return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(t.stride_s, _1{}));
+// A [kRows, kCols] view of tensor t at (b, h), starting at row `row0` and column `col0`.
+template <typename Element, int kRows, int kCols>
+__forceinline__ __device__ auto gmem_tile(const OmniTensor& t, int b, int h, int row0, int col0 = 0) {
+  Element* ptr = static_cast<Element*>(t.ptr) + b * t.stride_b + h * t.stride_h + int64_t(row0) * t.stride_s + col0;
+  return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kCols>>{}, make_stride(t.stride_s, _1{}));
 }
 
 // Stages what the rule of a PARTIAL tile reads (its columns' token ids or its pool rows) into s_aux.
@@ -81,12 +81,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimV = Traits::kHeadDimV;
   constexpr int kNThreads = Traits::kNThreads;
   using Walker = KvTileWalker<kBlockN>;
 
   extern __shared__ __align__(1024) char smem[];
   const int tid = threadIdx.x;
-  const int h = blockIdx.x;
+  const int h = blockIdx.x / Traits::kVSplits;
+  const int v_col0 = blockIdx.x % Traits::kVSplits * kHeadDimV;  // the first of this CTA's output columns
   const int q_block = gridDim.y - 1 - blockIdx.y;  // later query blocks see more keys: launch them first
   const int b = blockIdx.z;
   const int row0 = q_block * kBlockM;
@@ -98,25 +100,27 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   Tensor sVtPlain = make_tensor(sV.data(), typename Traits::SmemLayoutVtPlain{});
   int* s_q_ids = reinterpret_cast<int*>(smem + Traits::kSmemQIdsOffset);
   int* s_aux = reinterpret_cast<int*>(smem + Traits::kSmemAuxOffset);
 
-  // gmem -> smem copies of kRows-row tiles, rows past the ends and columns past head_dim zero-filled (tile_copy.cuh).
+  // gmem -> smem copies of kRows x kCols tiles from column c0, rows past the ends and columns past head_dim
+  // zero-filled (tile_copy.cuh).
   typename Traits::GmemTiledLoad load_op;
-  auto load_tile = [&](auto rows, const OmniTensor& src, int h_src, int row_start, int row_end, auto& dst) {
+  auto load_tile = [&](auto rows, auto cols, const OmniTensor& src, int h_src, int row_start, int row_end, int c0,
+                       auto& dst) {
     constexpr int kRows = decltype(rows)::value;
+    constexpr int kCols = decltype(cols)::value;
     auto thr = load_op.get_thread_slice(fresh_thread_idx());
-    auto g = gmem_tile<Element, kRows, kHeadDim>(src, b, h_src, row_start);
-    load_rows<kRows, kHeadDim>(load_op, thr.partition_S(g), thr.partition_D(dst),
-                               thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{})),
-                               row_end - row_start, p.head_dim);
+    auto g = gmem_tile<Element, kRows, kCols>(src, b, h_src, row_start, c0);
+    load_rows<kRows, kCols>(load_op, thr.partition_S(g), thr.partition_D(dst),
+                            thr.partition_S(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{})), row_end - row_start,
+                            p.head_dim - c0);
   };
-  auto load_kv = [&](const OmniTensor& src, auto& dst, int col0) {
-    load_tile(Int<kBlockN>{}, src, h_kv, col0, p.kv_len, dst);
-  };
+  auto load_k = [&](int col0) { load_tile(Int<kBlockN>{}, Int<kHeadDim>{}, p.k, h_kv, col0, p.kv_len, 0, sK); };
+  auto load_v = [&](int col0) { load_tile(Int<kBlockN>{}, Int<kHeadDimV>{}, p.v, h_kv, col0, p.kv_len, v_col0, sV); };
 
   // MMA fragments; the ldmatrix partitions of smem and the score coordinates are rebuilt per use.
   typename Traits::TiledMma mma;
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
   Tensor tSrK = thr_mma.partition_fragment_B(sK);
   Tensor tOrVt = thr_mma.partition_fragment_B(sVtPlain);
-  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDimV>>{});
   clear(acc_o);
   const auto cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   auto score_coords = [&] { return mma.get_thread_slice(fresh_thread_idx()).partition_C(cS); };
@@ -139,11 +143,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   KvTile tile{};
   KvEntry next_entry{};
   if (n_tiles > 0) {
-    load_tile(Int<kBlockM>{}, p.q, h, row0, p.q_len, sQ);
+    load_tile(Int<kBlockM>{}, Int<kHeadDim>{}, p.q, h, row0, p.q_len, 0, sQ);
     stage_token_ids<kBlockM, kNThreads>(s_q_ids, batch_ids(p.mask.doc_ids, p.mask.ids_stride_b, b),
                                         batch_ids(p.mask.group_ids, p.mask.ids_stride_b, b), qpos0, p.kv_len, tid);
     tile = Walker::decode(walker.fetch(p.mask, 0, qpos0, p.kv_len), 0, p.mask.block_kv, p.kv_len);
-    load_kv(p.k, sK, tile.col0);
+    load_k(tile.col0);
     stage_tile_aux<Traits>(s_aux, tile, p, b, tid);
     cp_async_fence();
     if (n_tiles > 1) next_entry = walker.fetch(p.mask, 1, qpos0, p.kv_len);
@@ -154,7 +158,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<0>();
     __syncthreads();  // K(t) and its mask data visible; every warp done with V(t-1)
-    load_kv(p.v, sV, tile.col0);
+    load_v(tile.col0);
     cp_async_fence();
 
     FragmentBits<decltype(size(score_coords()))::value> bits;
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
     __syncthreads();  // V(t) visible; every warp done with K(t) and the mask data of tile t
     if (t + 1 < n_tiles) {
       tile = Walker::decode(next_entry, t + 1, p.mask.block_kv, p.kv_len);
-      load_kv(p.k, sK, tile.col0);
+      load_k(tile.col0);
       stage_tile_aux<Traits>(s_aux, tile, p, b, fresh_thread_idx());
       cp_async_fence();
       if (t + 2 < n_tiles) next_entry = walker.fetch(p.mask, t + 2, qpos0, p.kv_len);
@@ -186,7 +190,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
     gemm_rs(acc_o, tOrP, tOrVt, ldsm_src(copy_v, sVt), mma, copy_v);
   }
 
-  // Epilogue: normalise, stage O through smem (reusing Q's space), store 16-byte rows and the LSE.
+  // Epilogue: normalise, stage O through smem (reusing Q's space), store 16-byte rows and (one CTA of the row
+  // tile's) the LSE.
   float lse[decltype(size<0>(rowcol(acc_o)))::value];
   auto o_rc = rowcol(acc_o);
   softmax.finalize(o_rc, scale_log2, lse, sink_log2(p, h));
@@ -194,17 +199,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const __grid_con
   auto copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomAcc{}, mma);
   cp_async_wait<0>();
   __syncthreads();  // nobody reads Q any more
-  copy(copy_o, retile(copy_o, rO), copy_o.get_thread_slice(tid).partition_D(sQ));
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
+  copy(copy_o, retile(copy_o, rO), copy_o.get_thread_slice(tid).partition_D(sO));
   __syncthreads();
   typename Traits::GmemTiledStore store_op;
   auto store_thr = store_op.get_thread_slice(tid);
-  auto gO = gmem_tile<Element, kBlockM, kHeadDim>(p.out, b, h, row0);
-  store_rows(store_op, store_thr.partition_S(sQ), store_thr.partition_D(gO),
-             store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})), p.q_len - row0,
-             p.head_dim);
+  auto gO = gmem_tile<Element, kBlockM, kHeadDimV>(p.out, b, h, row0, v_col0);
+  store_rows(store_op, store_thr.partition_S(sO), store_thr.partition_D(gO),
+             store_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{})), p.q_len - row0,
+             p.head_dim - v_col0);
 
-  auto c_rc = rowcol(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})));
-  store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);
+  if (v_col0 == 0) {
+    auto c_rc = rowcol(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{})));
+    store_lse(c_rc, lse, p.lse + (int64_t(b) * p.heads_q + h) * p.q_len + row0, p.q_len - row0);
+  }
 }
 
 }  // namespace omni

@@ -14,7 +14,7 @@ namespace omni::sm80 {
 // 128 x 64 tiles with 4 warps: each warp owns 32 query rows, so every K fragment read from smem feeds two
 // MMAs (the smem bandwidth mma.sync needs); wider key tiles push D=64 and D=128 past 255 registers. Above head
 // dim 128 a warp owns 16 rows (8 warps for 128-row blocks): 32 rows of a 256-wide output accumulator would take
-// 256 registers per thread.
+// 256 registers per thread; above 256, a CTA computes 256 of the output's columns (FwdTraits::kVSplits).
 constexpr int kFwdBlockN = 64;
 template <int kHeadDim, int kBlockM>
 constexpr int kFwdWarps = kHeadDim <= 128 ? 4 : kBlockM / 16;
@@ -28,7 +28,7 @@ int launch_fwd_kernel(const OmniFwdParams& p) {
   if (kSmem > 48 * 1024) {
     if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "fwd_kernel")) return s;
   }
-  const dim3 grid(p.heads_q, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
+  const dim3 grid(p.heads_q * Traits::kVSplits, (p.q_len + Traits::kBlockM - 1) / Traits::kBlockM, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_cuda(cudaGetLastError(), "fwd_kernel launch");
 }

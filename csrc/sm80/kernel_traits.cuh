@@ -34,14 +34,15 @@ struct Sm80Base {
   using TiledMma =
       TiledMMA<typename Sm80Mma<Element>::Atom, Layout<Shape<Int<kNWarps>, _1, _1>>, Tile<Int<16 * kNWarps>, _16, _16>>;
 
-  // 8 rows of 64 elements (128 bytes): Swizzle<3,3,3> permutes the eight 16-byte chunks of a row by row. A
-  // [rows, kHeadDim] tile takes it where it divides the head dim, else (head dim 96) the same of 32 elements
-  // (64 bytes), whose four chunks Swizzle<2,3,3> permutes.
+  // 8 rows of 64 elements (128 bytes): Swizzle<3,3,3> permutes the eight 16-byte chunks of a row by row. A tile
+  // takes it where it divides the tile's columns, else (head dim 96, 32-key tiles) the same of 32 elements (64
+  // bytes), whose four chunks Swizzle<2,3,3> permutes.
   using SmemLayoutAtom = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  using SmemLayoutAtom32 = decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}));
+  template <int kCols>
+  using SmemLayoutAtomOf = conditional_t<kCols % 64 == 0, SmemLayoutAtom, SmemLayoutAtom32>;
+  using SmemLayoutAtomHeadDim = SmemLayoutAtomOf<kHeadDim>;
   static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
-  using SmemLayoutAtomHeadDim =
-      conditional_t<kSmemRowElems == 64, SmemLayoutAtom,
-                    decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}))>;
 
   // ldmatrix: x4 for row-major operands, x4.trans to read V as the B operand of P.V.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
@@ -59,24 +60,36 @@ struct Sm80Base {
   using GmemTiledStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreadLayout{},
                                                   Layout<Shape<_1, _8>>{}));
 
+  // A [kRows, kCols] tile in smem. The atoms tile the rows first, so the columns from a multiple of 64 on are a
+  // tile of the same layout a whole number of atoms (a multiple of the swizzle's period) further on.
+  template <int kRows, int kCols>
+  using SmemLayoutTile = decltype(tile_to_shape(SmemLayoutAtomOf<kCols>{}, Shape<Int<kRows>, Int<kCols>>{}));
   // A [rows, kHeadDim] tile in smem.
   template <int kRows>
-  using SmemLayoutRows = decltype(tile_to_shape(SmemLayoutAtomHeadDim{}, Shape<Int<kRows>, Int<kHeadDim>>{}));
+  using SmemLayoutRows = SmemLayoutTile<kRows, kHeadDim>;
 };
 
-// The forward: a CTA owns kBlockM query rows (= the mask's block_q) and walks kBlockN-key tiles.
+// The forward: a CTA owns kBlockM query rows (= the mask's block_q) and walks kBlockN-key tiles. Above head dim 256
+// a CTA computes kHeadDimV = 256 columns of the output (kVSplits CTAs per tile of rows, each computing the whole
+// Q K^T): a warp's 16 rows of a 512-wide accumulator would take 256 registers per thread.
 template <typename Element, int kHeadDim, int kBlockM_, int kBlockN_, int kNWarps>
 struct FwdTraits : Sm80Base<Element, kHeadDim, kNWarps> {
   using Base = Sm80Base<Element, kHeadDim, kNWarps>;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
+  static constexpr int kHeadDimV = kHeadDim > 256 ? 256 : kHeadDim;
+  static constexpr int kVSplits = kHeadDim / kHeadDimV;
   static_assert(kBlockM % (16 * kNWarps) == 0, "kBlockM must be a multiple of the MMA tile's rows");
+  static_assert(kHeadDim % kHeadDimV == 0, "the output's column slices must tile the head dim");
 
   using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;
   using SmemLayoutKV = typename Base::template SmemLayoutRows<kBlockN>;
-  // V viewed as [kHeadDim, kBlockN] (the B operand of P.V), with and without the swizzle.
+  // The CTA's columns of V and of the output (staged in Q's space).
+  using SmemLayoutV = typename Base::template SmemLayoutTile<kBlockN, kHeadDimV>;
+  using SmemLayoutO = typename Base::template SmemLayoutTile<kBlockM, kHeadDimV>;
+  // V viewed as [kHeadDimV, kBlockN] (the B operand of P.V), with and without the swizzle.
   using SmemLayoutVt =
-      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+      decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutVtPlain = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
 
   // Shared memory: Q (reused for the output), K, V, the token ids of the rows, and the per-tile mask data
@@ -84,8 +97,9 @@ struct FwdTraits : Sm80Base<Element, kHeadDim, kNWarps> {
   static constexpr int kPoolWords = kBlockN / 32;
   static constexpr int kAuxInts = 2 * kBlockN > kBlockM* kPoolWords ? 2 * kBlockN : kBlockM * kPoolWords;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr int kSmemQIdsOffset = kSmemQBytes + 2 * kSmemKVBytes;
+  static constexpr int kSmemKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * sizeof(Element);
+  static constexpr int kSmemQIdsOffset = kSmemQBytes + kSmemKBytes + kSmemVBytes;
   static constexpr int kSmemAuxOffset = kSmemQIdsOffset + 2 * kBlockM * sizeof(int);
   static constexpr int kSmemBytes = kSmemAuxOffset + kAuxInts * sizeof(int);
 };

@@ -2,7 +2,7 @@
 table: edit the table and run it, not this file. It imports nothing, so the build (``omni_hf/build.py``, run
 by setup.py without torch) reads it by its path."""
 
-HEAD_DIMS = (64, 96, 128, 256)  # the instantiated head dims, ascending
+HEAD_DIMS = (64, 96, 128, 256, 512)  # the instantiated head dims, ascending
 BLOCK_SIZES = (64, 128)  # the mask block sizes (block_q and block_kv) the kernels take
 MAX_GRID_YZ = 65535  # CUDA's grid limit in y and z: batch rows and query blocks of one launch
 # The kernel families' build targets, SASS (sm_XY) and PTX (compute_XY): the sm90 family runs on compute
@@ -25,6 +25,8 @@ SM80_SMEM_BYTES = {
         (128, 128): 67584,
         (256, 64): 99328,
         (256, 128): 133120,
+        (512, 64): 164864,
+        (512, 128): 231424,
     },
     "bwd": {
         (64, 64): 67712,
@@ -35,5 +37,7 @@ SM80_SMEM_BYTES = {
         (128, 128): 166528,
         (256, 64): 215168,
         (256, 128): 215168,
+        (512, 64): 206208,
+        (512, 128): 206208,
     },
 }

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..kernels.table import HEAD_DIMS
 from ..mask import OmniBlockMask
 from . import library, reference
 
@@ -26,7 +27,7 @@ __all__ = ["omni_attention"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = HEAD_DIMS[-1]  # the largest head dim the op takes, on every backend
 
 
 def omni_attention(
@@ -46,7 +47,7 @@ def omni_attention(
     Args:
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]`` with ``Hq % Hkv == 0`` (GQA / MQA, no copy).
             fp16 / bf16 (float32 runs on the reference); any strides with the last dim contiguous;
-            ``D`` a multiple of 8, at most 256 (the CUDA kernels are instantiated for some head dims,
+            ``D`` a multiple of 8, at most 512 (the CUDA kernels are instantiated for some head dims,
             `omni_hf.ops.library.HEAD_DIMS`; any other runs on the next larger one, whose loads read the missing
             columns as zeros and whose stores skip them: exact, with no copy).
         block_mask: an `OmniBlockMask` with ``q_len == Sq``, ``kv_len == Skv``, batch 1 or B, heads 1 or Hq,

@@ -26,7 +26,7 @@ def test_features_head_dim_heads_and_window_parse():
 
 
 @pytest.mark.parametrize("bad", [["--features", "alibi"], ["--masks", "diagonal"], ["--head-dim", "60"],
-                                 ["--head-dim", "512"], ["--heads", "32/5"], ["--heads", "32"], ["--heads", "a/b"],
+                                 ["--head-dim", "520"], ["--heads", "32/5"], ["--heads", "32"], ["--heads", "a/b"],
                                  ["--seqlens", "8k"], ["--rounds", "0"], ["--window", "0"]])
 def test_bad_options_are_refused(bad):
     with pytest.raises(SystemExit):

@@ -2,7 +2,7 @@
 
 The definition (`tests.helpers.bias_checks.bias_definition`) adds the bias to dense float64 scores, sets masked pairs
 to -inf and takes the softmax: nothing of the kernels' tiling or of the reference's chunking is shared. bf16 q, k, v
-(B = 2, 8 query / 2 KV heads, head dims 64, 128 and 256; 700 query rows over 1000 keys and 1000 over 1000, crossing
+(B = 2, 8 query / 2 KV heads, head dims 64, 128, 256 and 512; 700 query rows over 1000 keys and 1000 over 1000, crossing
 the 64- and 128-row tiles), every mask kind with rows that see no key, and the bias layouts that matter: T5's
 permuted ``[1, H, Sq, Skv]`` bf16 view (last-dim stride H: read one element at a time, its gradient summed over the
 batch by float32 atomics) and full ``[B, H, Sq, Skv]`` float32 and bf16 biases (read two keys at a time, each
@@ -80,7 +80,7 @@ def _kernel_errors_within_bound(inputs, mask, leaf, layout, name, *, bias_grad=T
 @pytest.mark.usefixtures("kernel_path", "poisoned_outputs")
 @pytest.mark.parametrize("q_len, kv_len", [(700, 1000), (1000, 1000)])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("dim", [64, 128, 256, 512])
 def test_bias_on_the_kernels_matches_the_definition(dim, layout, q_len, kv_len):
     gen = torch.Generator().manual_seed(dim + q_len)
     inputs = _inputs(2, 8, 2, q_len, kv_len, dim, gen)

@@ -175,6 +175,8 @@ def _check(dout, q, k, v, mask, *, scale=None, softcap=None):
         (torch.bfloat16, 64, 64, 128, 4, 4, 1000, 1000, "one"),
         (torch.bfloat16, 256, 128, 128, 4, 2, 300, 333, "all"),
         (torch.float16, 256, 64, 128, 2, 1, 513, 190, "one"),
+        (torch.bfloat16, 512, 128, 128, 4, 2, 300, 333, "all"),
+        (torch.float16, 512, 64, 64, 2, 1, 513, 190, "one"),
     ],
 )
 def test_gradients_match_reference_on_random_block_type_mixtures(dtype, dim, block_q, block_kv, heads_q, heads_kv,
@@ -186,7 +188,7 @@ def test_gradients_match_reference_on_random_block_type_mixtures(dtype, dim, blo
 
 
 @pytest.mark.parametrize("dtype, dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 256),
-                                        (torch.float16, 96)])
+                                        (torch.float16, 96), (torch.bfloat16, 512)])
 @pytest.mark.parametrize("window", [None, 100])
 def test_gradients_match_reference_under_the_token_rule(dtype, dim, window):
     gen = torch.Generator("cuda").manual_seed(11 + (window or 0))
@@ -241,7 +243,7 @@ def test_long_sequences_with_tails(length, dtype, dim):
 
 
 @pytest.mark.parametrize("softcap", [5.0, 30.0])
-@pytest.mark.parametrize("dim", [96, 128, 256])
+@pytest.mark.parametrize("dim", [96, 128, 256, 512])
 def test_softcap_gradients(softcap, dim):
     gen = torch.Generator("cuda").manual_seed(int(softcap))
     q, k, v, dout = _qkv(2, 4, 2, 333, 333, dim, torch.bfloat16, gen=gen)
@@ -269,7 +271,7 @@ def test_fully_masked_rows_and_unseen_keys_get_exactly_zero_gradient(block):
 
 
 @pytest.mark.parametrize("block_kv", [64, 128])
-@pytest.mark.parametrize("dim", [96, 128, 256])
+@pytest.mark.parametrize("dim", [96, 128, 256, 512])
 def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(block_kv, dim):
     gen = torch.Generator("cuda").manual_seed(block_kv)
     q, k, v, dout = _qkv(2, 4, 2, 190, 250, dim, torch.bfloat16, gen=gen)
@@ -280,7 +282,7 @@ def test_every_gradient_element_is_written_over_poisoned_outputs_and_workspace(b
 @pytest.mark.parametrize("window", [None, 1, 150])
 @pytest.mark.parametrize("q_len, kv_len", [(1, 700), (200, 1031), (513, 513)])
 @pytest.mark.parametrize("block_q, block_kv, dim", [(128, 128, 128), (64, 64, 128), (64, 128, 128), (128, 128, 256),
-                                                    (128, 128, 96), (64, 64, 96)])
+                                                    (128, 128, 96), (64, 64, 96), (128, 128, 512), (64, 64, 512)])
 def test_implicit_causal_mask_gradients(block_q, block_kv, dim, q_len, kv_len, window):
     """Implicit causal masks (no lists): the backward derives every column's blocks, windows included."""
     gen = torch.Generator("cuda").manual_seed(q_len + kv_len + (window or 0))

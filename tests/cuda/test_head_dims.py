@@ -1,4 +1,4 @@
-"""Every head dim up to 256 that is a multiple of 8 runs a CUDA kernel: the instantiated ones directly, the others on
+"""Every head dim up to 512 that is a multiple of 8 runs a CUDA kernel: the instantiated ones directly, the others on
 the next larger instantiation, whose loads read the columns past the true D as zeros and whose stores skip them
 (exact: zero columns add nothing to q.k and give zero output columns; the scale stays the caller's, 1/sqrt(true D) by
 default; no copy of q, k, v).
@@ -22,7 +22,7 @@ from tests.helpers.brute_force import causal_dense, naive_attention, packed_vlm_
 pytestmark = pytest.mark.usefixtures("kernel_path")  # both Hopper kernel paths
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in test_cuda_backward.py
-ALL_HEAD_DIMS = tuple(range(8, 257, 8))
+ALL_HEAD_DIMS = tuple(range(8, 513, 8))
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -36,7 +36,7 @@ def test_each_head_dim_runs_on_the_smallest_instantiation_that_holds_it(dim):
         assert library.kernel_head_dim(dim) == dim
 
 
-@pytest.mark.parametrize("dim, wide", [(72, 96), (80, 96), (112, 128), (200, 256)])
+@pytest.mark.parametrize("dim, wide", [(72, 96), (80, 96), (112, 128), (200, 256), (264, 512)])
 def test_zero_columns_leave_attention_exact_with_the_callers_scale(dim, wide):
     gen = torch.Generator().manual_seed(dim)
     q = torch.randn(2, 4, 70, dim, generator=gen, dtype=torch.float64)
@@ -104,7 +104,7 @@ def _run(q, k, v, dout, mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128, 200, 256))
+@pytest.mark.parametrize("dim", (32, 72, 80, 96, 112, 64, 128, 200, 256, 264, 392, 512))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("kind", ("vlm", "causal", "blocks64", "blocks128"))
 def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, dtype, monkeypatch):
@@ -129,12 +129,12 @@ def test_every_head_dim_matches_the_definition_forward_and_backward(kind, dim, d
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim", (200, 256))
+@pytest.mark.parametrize("dim", (200, 256, 512))
 @pytest.mark.parametrize("q_len, kv_len, kind", [(1, 1000, "causal"), (3, 1031, "causal"), (2, 129, "full")])
 def test_decoding_sized_calls_above_the_decode_kernels_head_dims_match_the_definition(q_len, kv_len, kind, dim,
                                                                                       monkeypatch):
-    """The split-KV decode kernel is built up to head dim 128; a decoding step at 256 (Gemma 2 / 3) or 200 runs the
-    forward kernel, over poisoned outputs, with the bound of the test above."""
+    """The split-KV decode kernel is built up to head dim 128; a decoding step at 256 (Gemma 2 / 3), 512 (Gemma 4's
+    global layers) or 200 runs the forward kernel, over poisoned outputs, with the bound of the test above."""
     monkeypatch.setenv("OMNI_HF_BACKEND", "cuda")
     gen = torch.Generator(device="cuda").manual_seed(q_len * 7 + kv_len)
     q = torch.randn(2, 8, q_len, dim, generator=gen, device="cuda").to(torch.bfloat16)

@@ -133,7 +133,7 @@ def _dsinks_error_bound(dout, sinks, out, lse, gold_out, gold_lse) -> torch.Tens
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("kernel_path")
-@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("dim", [64, 128, 256, 512])
 @pytest.mark.parametrize("softcap", [None, 30.0])
 def test_sinks_on_the_kernels_match_the_definition(dim, softcap):
     gen = torch.Generator().manual_seed(dim)
