@@ -92,9 +92,8 @@ def gemma4_own_masks(config, batch) -> dict[str, torch.Tensor]:
     for sample in doc.unique():
         start, stop = int((doc == sample).nonzero()[0]), int((doc == sample).nonzero()[-1]) + 1
         blocks = modeling_gemma4.get_block_sequence_ids_for_mask(batch["mm_token_type_ids"][:, start:stop], "cpu")
-        own = modeling_gemma4.create_masks_for_vision_model(
-            config=text, inputs_embeds=torch.empty(1, stop - start, 1), attention_mask=None, cache=None,
-            position_ids=torch.arange(stop - start)[None], block_sequence_ids=blocks)
+        own = modeling_gemma4.create_masks_for_vision_model(  # no padding mask, no cache (named so since 5.2x)
+            text, torch.empty(1, stop - start, 1), None, None, torch.arange(stop - start)[None], blocks)
         for layer_type, mask in own.items():
             masks[layer_type][..., start:stop, start:stop] = mask == 0
     return masks
