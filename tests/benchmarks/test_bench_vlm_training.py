@@ -1,5 +1,6 @@
 """benchmarks/bench_vlm_training.py on the CPU: its search for the longest row, its packed rows, its flex masks
-against omni's, and a tiny run end to end (JSON, table, omni and sdpa giving the same loss curve)."""
+against omni's, Gemma 4's masks in every backend against Transformers' own, and tiny runs end to end (JSON, table,
+omni giving sdpa's and eager's losses)."""
 
 import collections
 import copy
@@ -111,7 +112,7 @@ def test_gemma4_rows_give_every_backend_gemma4s_own_masks_per_layer_type():
     own = gemma4_own_masks(config, batch)
     rules = bench.layer_rules(config)
     assert rules == {"full_attention": (False, None), "sliding_attention": (True, 32)}
-    assert counts["images"] >= 2 and (doc == 0).sum() > 32, "images, and a sample longer than the window"
+    assert counts["images"] >= 2 and torch.bincount(doc[0]).max() > 32, "images, and samples longer than the window"
     assert not torch.equal(own["full_attention"], own["sliding_attention"])
     omni, sdpa, eager = (bench.prepared_masks(attn, doc, group, rules, torch.float32)()
                          for attn in ("omni", "sdpa", "eager"))
