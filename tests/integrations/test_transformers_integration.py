@@ -498,6 +498,42 @@ def test_omni_block_mask_kwarg_wins_over_token_ids_and_the_attention_mask(device
     assert torch.equal(from_ids, from_block_mask)
 
 
+
+def per_layer_type_inputs(device):
+    """The interleaved batch with a mask per layer type, Gemma 4's rules (image blocks in the sliding layers only,
+    window 5 on their causal part): as omni's inputs (`OmniBlockMask`s) and as eager's (dense, written from the token
+    rule's definition)."""
+    doc, grp, position_ids = interleaved_ids(device)
+    input_ids = tokens(2, SEQ, device=device)
+    common = dict(input_ids=input_ids, position_ids=position_ids, labels=input_ids.masked_fill(doc < 0, -100))
+    rules = {"full_attention": (torch.full_like(grp, -1), None), "sliding_attention": (grp, 5)}
+    dense = {}
+    for layer_type, (groups, window) in rules.items():
+        allowed = token_rule_dense(doc.cpu(), groups.cpu(), SEQ, window).to(device)
+        dense[layer_type] = torch.zeros(allowed.shape, device=device).masked_fill(~allowed,
+                                                                                   torch.finfo(torch.float32).min)
+    assert not torch.equal(*dense.values())
+    omni_masks = {layer_type: OmniBlockMask.from_token_ids(doc, groups, window=window)
+                  for layer_type, (groups, window) in rules.items()}
+    return common | {"attention_mask": omni_masks}, common | {"attention_mask": dense}, doc >= 0
+
+
+def test_a_block_mask_per_layer_type_matches_eager_with_those_masks_dense(device):
+    omni, ref, lowp = models(causal_lm(gemma3_text_config()), device)
+    inputs, ref_inputs, rows = per_layer_type_inputs(device)
+    assert_same_logits_and_grads(omni, ref, lowp, rows, inputs, ref_inputs)
+
+
+@pytest.mark.parametrize("mask, message", [
+    (OmniBlockMask.causal(8), r"attention_mask: expected q_len=10, kv_len=10 .*got q_len=8, kv_len=8"),
+    (OmniBlockMask.from_token_ids(_ids(3)), r"attention_mask: expected batch 1 or 2 \(that of input_ids\), got 3"),
+], ids=["lengths", "batch"])
+def test_a_block_mask_per_layer_type_of_other_sizes_is_refused_naming_the_attention_mask(mask, message):
+    model = AutoModelForCausalLM.from_config(gemma3_text_config(), attn_implementation="omni").eval()
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        model(tokens(2, 10), attention_mask={"full_attention": mask, "sliding_attention": mask})
+
+
 # ---------------------------------------------------------------------- generation
 
 

@@ -43,7 +43,8 @@ def omni_attention_forward(
 
     Args:
         query: ``[B, Hq, Sq, D]``; key, value: ``[B, Hkv, Skv, D]`` (GQA as is, no ``repeat_kv``).
-        attention_mask: the layer's `OmniMaskSpec`, None (no mask), or a bool ``[B|1, H|1, Sq, Skv]`` mask.
+        attention_mask: the layer's `OmniMaskSpec`, an `OmniBlockMask` (prepared for the layer's type), None (no
+            mask), or a bool ``[B|1, H|1, Sq, Skv]`` mask.
         scaling, softcap: as in `omni_attention`.
         sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
         is_causal: for a missing mask (default ``module.is_causal``, else True).

@@ -6,7 +6,9 @@
    causal or bidirectional, by the token rule; an encoder call (no mask, ``is_causal`` False: a vision tower)
    attends bidirectionally (implicit). Such calls run so even when 2. or 3. are given: those describe the language
    model's tokens (Qwen2-VL hands its vision tower the forward's kwargs);
-2. an ``omni_block_mask`` kwarg (an `OmniBlockMask`), as is;
+2. an `OmniBlockMask` as the layer's mask (a prepared mask per layer type, handed over as Transformers takes them:
+   ``attention_mask={"full_attention": ..., "sliding_attention": ...}``, as Flex takes its ``BlockMask``), then an
+   ``omni_block_mask`` kwarg (one for every layer), as is;
 3. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
    sliding window on the causal part;
 4. the `OmniMaskSpec` (`block_mask_from_spec`). Plain causal, sliding-window and bidirectional attention over
@@ -56,7 +58,7 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
     Args:
         query: ``[B, Hq, Sq, D]``; key: ``[B, Hkv, Skv, D]`` (only sizes and device are read).
-        mask: the layer's `OmniMaskSpec`, None, or a bool ``[B|1, H|1, Sq, Skv]`` tensor.
+        mask: the layer's `OmniMaskSpec`, an `OmniBlockMask`, None, or a bool ``[B|1, H|1, Sq, Skv]`` tensor.
         sliding_window: the layer's window; is_causal: for a missing mask (default ``module.is_causal``, else True).
         kwargs: the attention function's keyword arguments.
     Returns:
@@ -70,8 +72,11 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         return OmniBlockMask.from_token_ids(doc, groups, window=sliding_window), None
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
         return OmniBlockMask.full(q_len, kv_len), None
+    if isinstance(mask, OmniBlockMask):  # prepared for this layer's type
+        _check_block_mask("attention_mask", mask, batch, q_len, kv_len)
+        return mask.to(device, non_blocking=True), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
-        _check_block_mask_kwarg(block_mask, batch, q_len, kv_len)
+        _check_block_mask("omni_block_mask", block_mask, batch, q_len, kv_len)
         return block_mask.to(device, non_blocking=True), None
     if kwargs.get("omni_doc_ids") is not None or kwargs.get("omni_group_ids") is not None:
         doc, grp = (_token_ids_kwarg(name, kwargs.get(name), minus_one, batch, kv_len, device)
@@ -84,8 +89,9 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         return OmniBlockMask.causal(q_len, kv_len, window=sliding_window), None  # implicit: nothing built
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return OmniBlockMask.from_dense(mask.to(device)), None
-    raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
-                    f"[B, H, q_len, kv_len] tensor, got {type(mask).__name__} {getattr(mask, 'dtype', '')}")
+    raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), an OmniBlockMask, "
+                    f"None or a bool [B, H, q_len, kv_len] tensor, got {type(mask).__name__} "
+                    f"{getattr(mask, 'dtype', '')}")
 
 
 def _token_ids_kwarg(name: str, ids, minus_one: str, batch: int, kv_len: int, device) -> torch.Tensor | None:
@@ -112,15 +118,16 @@ def _token_ids_kwarg(name: str, ids, minus_one: str, batch: int, kv_len: int, de
     return ids.to(device, non_blocking=True)
 
 
-def _check_block_mask_kwarg(block_mask, batch: int, q_len: int, kv_len: int) -> None:
-    """``omni_block_mask`` must be an `OmniBlockMask` for this call's sizes; errors name the kwarg."""
+def _check_block_mask(name: str, block_mask, batch: int, q_len: int, kv_len: int) -> None:
+    """``name`` (the ``omni_block_mask`` kwarg, or a layer's ``attention_mask``) must be an `OmniBlockMask` for this
+    call's sizes; errors name it."""
     if not isinstance(block_mask, OmniBlockMask):
-        raise TypeError(f"omni_block_mask: expected an OmniBlockMask, got {type(block_mask).__name__}")
+        raise TypeError(f"{name}: expected an OmniBlockMask, got {type(block_mask).__name__}")
     if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
-        raise ValueError(f"omni_block_mask: expected q_len={q_len}, kv_len={kv_len} (the tokens of input_ids and any "
+        raise ValueError(f"{name}: expected q_len={q_len}, kv_len={kv_len} (the tokens of input_ids and any "
                          f"cached before them), got q_len={block_mask.q_len}, kv_len={block_mask.kv_len}")
     if block_mask.batch not in (1, batch):
-        raise ValueError(f"omni_block_mask: expected batch 1 or {batch} (that of input_ids), got {block_mask.batch}")
+        raise ValueError(f"{name}: expected batch 1 or {batch} (that of input_ids), got {block_mask.batch}")
 
 
 def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[OmniBlockMask, torch.Tensor | None]:
