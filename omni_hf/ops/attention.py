@@ -26,7 +26,9 @@ __all__ = ["omni_attention"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_HEAD_DIM = 256
+# The largest head dim the op takes on every backend (with a multiple of 8). The CUDA kernels are instantiated for
+# `library.HEAD_DIMS`; a head dim above the largest of those runs on the reference, on a GPU too, with a warning.
+MAX_HEAD_DIM = 512
 
 
 def omni_attention(
@@ -46,9 +48,9 @@ def omni_attention(
     Args:
         q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Skv, D]`` with ``Hq % Hkv == 0`` (GQA / MQA, no copy).
             fp16 / bf16 (float32 runs on the reference); any strides with the last dim contiguous;
-            ``D`` a multiple of 8, at most 256 (the CUDA kernels are instantiated for some head dims,
-            `omni_hf.ops.library.HEAD_DIMS`; any other runs on the next larger one, whose loads read the missing
-            columns as zeros and whose stores skip them: exact, with no copy).
+            ``D`` a multiple of 8, at most `MAX_HEAD_DIM` (512; the CUDA kernels are instantiated for some head
+            dims, `omni_hf.ops.library.HEAD_DIMS`; any other runs on the next larger one, whose loads read the missing
+            columns as zeros and whose stores skip them: exact, with no copy; above the largest, the reference runs).
         block_mask: an `OmniBlockMask` with ``q_len == Sq``, ``kv_len == Skv``, batch 1 or B, heads 1 or Hq,
             on q's device (implicit masks, `OmniBlockMask.causal` and `OmniBlockMask.full`, serve any device).
         scale: multiplies ``q.k`` (default ``D ** -0.5``).
