@@ -348,6 +348,42 @@ def test_vision_tower_attends_bidirectionally_like_eager(device):
     assert not torch.allclose(first_patch, outputs[0][:, 0], atol=1e-3)
 
 
+def additive_definition(q, k, v, mask, scale):
+    """float64 attention with ``mask`` added to the scores, as eager adds a float mask; q [B, Hq, S, D], k and v
+    [B, Hkv, S, D] (their heads repeated here), mask broadcastable to [B, Hq, S, S]."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.double(), k) * scale + mask.double()
+    return torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("values", ["images alone", "any additive values"])
+def test_a_float_mask_a_model_makes_is_added_to_the_scores_as_eager_adds_it(values, device):
+    """Pixtral's tower under Transformers 5.9 hands the attention function a float mask it makes itself: 0 within each
+    image, the dtype's minimum elsewhere, ``[1, 1, S, S]`` expanded over the batch. omni adds it to the scores (the
+    op's bias over every key), whatever its values: the output and the gradients of q, k and v are those of the
+    float64 definition. Images of 40 and 30 patches: 70 keys cross a 64-key tile."""
+    gen = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if low_precision(device) else torch.float32
+    batch, length, scale = 2, 70, 0.125
+    image = torch.arange(length) >= 40
+    mask = torch.where(image[:, None] == image[None], 0.0, torch.finfo(dtype).min)
+    if values == "any additive values":
+        mask = mask.clamp(min=-30.0) + torch.randn(length, length, generator=gen)
+    mask = mask.to(device, dtype)[None, None].expand(batch, 1, length, length)
+    q = torch.randn(batch, 4, length, 64, generator=gen).to(device, dtype).requires_grad_()
+    k, v = (torch.randn(batch, 2, length, 64, generator=gen).to(device, dtype).requires_grad_() for _ in range(2))
+    out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=scale)
+    probe = torch.randn(out.shape, generator=gen).to(device)
+    grads = torch.autograd.grad((out.float() * probe).sum(), (q, k, v))
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = additive_definition(*ref_inputs, mask, scale).transpose(1, 2)
+    ref_grads = torch.autograd.grad((expected * probe.double()).sum(), ref_inputs)
+    bound = 2e-2 if low_precision(device) else 1e-5
+    for got, want in zip((out, *grads), (expected, *ref_grads), strict=True):
+        assert relative_error(got, want) < bound
+
+
 def qwen_vision_config(model_type: str):
     """A tiny Qwen2-VL / Qwen2.5-VL vision tower: patches of 4 px, windows of 2 x 2 merged patches (Qwen2.5-VL,
     whose second layer attends whole images)."""

@@ -4,8 +4,11 @@
 
 1. a packed call (no mask, ``cu_seq_lens_k``: a packed vision tower, `packed_towers`) attends each sequence alone,
    causal or bidirectional, by the token rule; an encoder call (no mask, ``is_causal`` False: a vision tower)
-   attends bidirectionally (implicit). Such calls run so even when 2. or 3. are given: those describe the language
-   model's tokens (Qwen2-VL hands its vision tower the forward's kwargs);
+   attends bidirectionally (implicit); a call with a float mask (an additive mask a model makes itself, as
+   Pixtral's tower under Transformers 5.9: 0 where allowed, the dtype's minimum elsewhere) attends every key
+   (implicit), the mask joining the scores as the op's ``bias`` (`attention`), as eager adds it. Such calls run so
+   even when 2. or 3. are given: those describe the language model's tokens (Qwen2-VL hands its vision tower the
+   forward's kwargs);
 2. an ``omni_block_mask`` kwarg (an `OmniBlockMask`), as is;
 3. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
    sliding window on the causal part;
@@ -56,7 +59,7 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
     Args:
         query: ``[B, Hq, Sq, D]``; key: ``[B, Hkv, Skv, D]`` (only sizes and device are read).
-        mask: the layer's `OmniMaskSpec`, None, or a bool ``[B|1, H|1, Sq, Skv]`` tensor.
+        mask: the layer's `OmniMaskSpec`, None, or a bool or float (additive) ``[B|1, H|1, Sq, Skv]`` tensor.
         sliding_window: the layer's window; is_causal: for a missing mask (default ``module.is_causal``, else True).
         kwargs: the attention function's keyword arguments.
     Returns:
@@ -69,6 +72,8 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         groups = None if causal else torch.zeros_like(doc)  # bidirectional: each sequence one group
         return OmniBlockMask.from_token_ids(doc, groups, window=sliding_window), None
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
+        return OmniBlockMask.full(q_len, kv_len), None
+    if isinstance(mask, torch.Tensor) and mask.is_floating_point():  # additive: the op's bias (attention.py)
         return OmniBlockMask.full(q_len, kv_len), None
     if (block_mask := kwargs.get("omni_block_mask")) is not None:
         _check_block_mask_kwarg(block_mask, batch, q_len, kv_len)
@@ -84,8 +89,9 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         return OmniBlockMask.causal(q_len, kv_len, window=sliding_window), None  # implicit: nothing built
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return OmniBlockMask.from_dense(mask.to(device)), None
-    raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None or a bool "
-                    f"[B, H, q_len, kv_len] tensor, got {type(mask).__name__} {getattr(mask, 'dtype', '')}")
+    raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), None, or a bool or "
+                    f"float (additive) [B, H, q_len, kv_len] tensor, got {type(mask).__name__} "
+                    f"{getattr(mask, 'dtype', '')}")
 
 
 def _token_ids_kwarg(name: str, ids, minus_one: str, batch: int, kv_len: int, device) -> torch.Tensor | None:
