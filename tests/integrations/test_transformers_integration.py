@@ -681,7 +681,7 @@ MASK_CASES = {
                                        extra=restarting_positions),
     "chunked, left padding": MaskCase(hf_masks.create_chunked_causal_mask, "chunked_attention", real=[20, 24]),
     "causal with image blocks": MaskCase(hf_masks.create_causal_mask, real=[22, 24], extra=block_ids),
-    "sliding window with image blocks (tile by tile)": MaskCase(
+    "sliding window or image blocks (images whole)": MaskCase(
         hf_masks.create_sliding_window_causal_mask, "sliding_attention", extra=block_ids),
     "sliding window over causal or image blocks, left padding": MaskCase(
         hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=False)),
@@ -743,6 +743,19 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     rows = case.query_rows(device)[:, None].expand(-1, HEADS_Q, -1)
     error = relative_error(out.transpose(1, 2)[rows], expected[rows])
     assert error < (2e-2 if low_precision(device) else 1e-5), error
+
+
+def test_a_sliding_window_or_image_blocks_is_the_token_rule_with_the_window_not_built_tile_by_tile(monkeypatch):
+    """``create_sliding_window_causal_mask`` with ``block_sequence_ids``: (causal and inside the window) or same
+    image, each image whole although row 1's second (6 tokens) is longer than the window (5): Gemma 4's sliding
+    layers under Transformers 5.9. That is the token rule with the window on its causal part: built from the ids,
+    never evaluated tile by tile, it allows exactly the pairs eager's mask allows."""
+    cpu = torch.device("cpu")
+    spec, allowed = spec_and_eager_mask(MASK_CASES["sliding window or image blocks (images whole)"], cpu)
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *args, **kwargs: pytest.fail("built tile by tile"))
+    block_mask, key_order = block_mask_from_spec(spec, cpu, None)
+    assert key_order is None and torch.equal(block_mask.to_dense()[:, 0], allowed[:, 0])
+    assert allowed[1, 0, 15, 10]  # 5 apart, past the window, in one image: allowed
 
 
 def test_pooling_cross_attention_over_padded_patches_is_built_from_the_key_padding_not_tile_by_tile(monkeypatch):
