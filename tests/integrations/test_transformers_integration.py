@@ -158,15 +158,19 @@ def vision_attention_forwards() -> dict[type, object]:
 
 
 def test_patches_touch_only_models_that_choose_omni_and_register_without_patches_removes_them():
-    """Transformers' build check is wrapped, and packed towers' forwards only once a model of theirs chooses omni;
-    ``register(patch=False)`` restores both (the attention function still refuses what the build check would)."""
+    """Transformers' build check and post-build hook are wrapped, and packed towers' forwards only once a model of
+    theirs chooses omni; ``register(patch=False)`` restores all (the attention function still refuses what the build
+    check would)."""
     original_check = PreTrainedModel.get_correct_attn_implementation
     try:
         omni_hf.register(patch=False)
         plain_check, plain_forwards = PreTrainedModel.get_correct_attn_implementation, vision_attention_forwards()
+        plain_post_init = PreTrainedModel.post_init
         assert not patches.installed() and not hasattr(plain_check, "omni_original")
+        assert not hasattr(plain_post_init, "omni_original")
         omni_hf.register()
         assert patches.installed() and PreTrainedModel.get_correct_attn_implementation.omni_original is plain_check
+        assert PreTrainedModel.post_init.omni_original is plain_post_init
 
         def build(attn):
             return Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
@@ -180,6 +184,7 @@ def test_patches_touch_only_models_that_choose_omni_and_register_without_patches
         omni_hf.register(patch=False)
         assert vision_attention_forwards() == plain_forwards
         assert PreTrainedModel.get_correct_attn_implementation is plain_check
+        assert PreTrainedModel.post_init is plain_post_init
         model = AutoModelForCausalLM.from_config(llama_config(head_dim=12), attn_implementation="omni")  # no check
         with pytest.raises(ValueError, match=r"q: expected a head dim that is a multiple of 8"):
             model(tokens(1, 8))
@@ -211,7 +216,7 @@ def test_the_environment_variable_opts_out_of_the_patches_at_import():
 def test_head_dims_the_op_refuses_are_refused_when_the_model_is_built_naming_the_layer_type(config, refused):
     """Not at the first forward under the name `q`; the largest head dim the op takes builds (read from the op)."""
     message = (rf'attn_implementation="omni": \w+ has {refused}; omni attention runs head dims that are multiples '
-               rf'of 8 up to {MAX_HEAD_DIM}. Use attn_implementation="sdpa"')
+               rf'of 8 up to {MAX_HEAD_DIM}; use attn_implementation="sdpa"')
     with pytest.raises(ValueError, match=message):
         AutoModelForCausalLM.from_config(config(), attn_implementation="omni")
     AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
