@@ -27,11 +27,14 @@ def models(build, device, reference="eager"):
     """The omni model (bf16 on a GPU), the reference implementation in float32 and, on a GPU, in bf16; one set
     of random weights (seed 0). ``build(attn)`` must give each model its own config (Transformers writes the
     implementation into the config object)."""
-    dtype = torch.bfloat16 if low_precision(device) else torch.float32
     torch.manual_seed(0)
     ref = build(reference).to(device).eval()
-    omni = build("omni").to(device, dtype).eval()
-    lowp = build(reference).to(device, dtype).eval() if low_precision(device) else None
+    # float32 models are not cast: Module.to(dtype) casts complex buffers too, dropping their imaginary part (the
+    # rotary frequencies of Llama 4's vision tower)
+    omni = build("omni").to(device).eval()
+    lowp = build(reference).to(device).eval() if low_precision(device) else None
+    if low_precision(device):
+        omni, lowp = omni.to(torch.bfloat16), lowp.to(torch.bfloat16)
     for model, attn in ((ref, reference), (omni, "omni"), (lowp, reference)):
         if model is not None:
             model.load_state_dict(ref.state_dict())

@@ -10,6 +10,8 @@ interface could not pass by running eager on both sides.
 import collections
 import contextlib
 import copy
+import inspect
+import json
 import re
 from collections.abc import Callable
 
@@ -35,6 +37,7 @@ from transformers import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
     Gemma3TextConfig,
+    Gemma4AudioModel,
     Gemma4Config,
     Gemma4ForConditionalGeneration,
     GemmaConfig,
@@ -42,12 +45,9 @@ from transformers import (
     GotOcr2ForConditionalGeneration,
     GptOssConfig,
     GptOssForCausalLM,
-    HunYuanVLConfig,
-    HunYuanVLForConditionalGeneration,
     Idefics3Config,
-    Idefics3ForConditionalGeneration,
     InternVLConfig,
-    InternVLForConditionalGeneration,
+    Llama4Config,
     Llama4ForCausalLM,
     Llama4TextConfig,
     LlamaConfig,
@@ -55,13 +55,10 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     Mistral3Config,
-    Mistral3ForConditionalGeneration,
     MistralConfig,
     MistralForCausalLM,
     ModernBertConfig,
     ModernBertModel,
-    Molmo2Config,
-    Molmo2ForConditionalGeneration,
     PaliGemmaConfig,
     PaliGemmaForConditionalGeneration,
     Pix2StructConfig,
@@ -83,14 +80,16 @@ from transformers import (
     SiglipVisionConfig,
     T5Config,
     T5ForConditionalGeneration,
+    UdopConfig,
+    UdopForConditionalGeneration,
     WhisperConfig,
     WhisperForConditionalGeneration,
 )
+from transformers.models.gemma4 import modeling_gemma4
 
 import omni_hf
 from omni_hf import OmniBlockMask
 from omni_hf.integrations.transformers import omni_attention_forward
-from omni_hf.integrations.transformers.model_support import own_attention, unsupported_feature
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
 
@@ -112,6 +111,15 @@ def text(batch: int, length: int, seed: int) -> torch.Tensor:
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def installed(name: str) -> type:
+    """Transformers' class ``name``; skips the test where the installed Transformers lacks it (a family newer than
+    the oldest Transformers omni_hf supports, which CI also tests)."""
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        pytest.skip(f"{name} is not in Transformers {transformers.__version__}")
+    return cls
 
 
 def from_config(model_class, config) -> Callable[[str], torch.nn.Module]:
@@ -183,6 +191,28 @@ def assert_implementations(model: torch.nn.Module, attn: str, own: dict[str, str
 
 def logits_at(rows: torch.Tensor) -> Callable:
     return lambda out: [out.logits[rows]]
+
+
+# Each VLM family runs one row and a left-padded batch of two (its row 1 padded, row 0 the first row).
+ROWS = pytest.mark.parametrize("rows", [1, 2], ids=["one row", "left-padded batch of two"])
+
+
+def first_row(inputs: dict, rows: int, **images) -> dict:
+    """``inputs`` (a batch of two) for ``rows`` 2; for ``rows`` 1 its row 0: the first row of every tensor of first dim
+    2 (ids, masks, one image per row), and ``images``, the inputs of row 0's images where the batch does not hold one
+    image per row."""
+    if rows == 2:
+        return inputs
+    first = {key: value[:1] if isinstance(value, torch.Tensor) and value.shape[0] == 2 else value
+             for key, value in inputs.items()}
+    return first | images
+
+
+def qwen_rows(inputs: dict, rows: int) -> dict:
+    """`first_row` of a `qwen_image_batch`: row 0 holds its first two images."""
+    patches = int(inputs["image_grid_thw"][:2].prod(-1).sum())
+    return first_row(inputs, rows, pixel_values=inputs["pixel_values"][:patches],
+                     image_grid_thw=inputs["image_grid_thw"][:2])
 
 
 GREEDY = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="dynamic", pad_token_id=0)
@@ -451,16 +481,17 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
 # ---------------------------------------------------------------------- the newest VLM families
 
 
-def gemma4_config(window: int = 3):
+def gemma4_config(window: int = 3, global_head_dim: int = 32, vision_head_dim: int = 16):
     """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts
-    into them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked
-    attention)."""
+    into them); global layers at ``global_head_dim``; a 1-layer vision tower, a 1-layer audio tower (chunked
+    attention of its own)."""
     text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=global_head_dim,
                        sliding_window=window, layer_types=["sliding_attention", "full_attention"],
                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
                        use_bidirectional_attention="vision", pad_token_id=0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  head_dim=vision_head_dim,
                   num_key_value_heads=2, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
     audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
                  output_proj_dims=32, attention_chunk_size=4, attention_context_left=5)
@@ -489,8 +520,11 @@ def gemma4_batch(rows: int) -> dict:
                   input_features_mask=torch.ones(1, 16, dtype=torch.bool))
     if rows == 2:
         videos, video_position_ids = gemma4_patches(2, seed=32)
-        inputs |= dict(pixel_values_videos=videos, video_position_ids=video_position_ids,
-                       num_frames_per_video=torch.tensor([2]))
+        if "num_frames_per_video" in inspect.signature(Gemma4ForConditionalGeneration.forward).parameters:
+            inputs |= dict(pixel_values_videos=videos, video_position_ids=video_position_ids,
+                           num_frames_per_video=torch.tensor([2]))
+        else:  # Transformers 5.9: videos [videos, frames, patches, 48]
+            inputs |= dict(pixel_values_videos=videos[None], video_position_ids=video_position_ids[None])
     else:
         inputs |= dict(input_ids=ids[:1], attention_mask=inputs["attention_mask"][:1])
     ids = inputs["input_ids"]
@@ -512,22 +546,75 @@ def mask_paths():
         yield paths
 
 
-@pytest.mark.parametrize("window, paths", [
-    (4, {"token rule": 2}),  # sliding layers: the token rule with the window, exact as no group is longer
-    (3, {"token rule": 1, "tile by tile": 1}),  # the window cuts into images: Transformers' mask, tile by tile
-], ids=["window-spares-images", "window-cuts-images"])
+def gemma4_windows_cut_images() -> bool:
+    """Whether this Transformers' Gemma 4 sliding layers let the window cut an image: ``(causal or same image) and
+    inside the window`` (5.24, composed by its ``create_masks_for_vision_model``), where 5.9 keeps each image whole
+    (``(causal and inside the window) or same image``: the token rule with the window, exact at any window)."""
+    return hasattr(modeling_gemma4, "create_masks_for_vision_model")
+
+
+@pytest.mark.parametrize("window", [4, 3], ids=["window-spares-images", "window-cuts-images"])
 @pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
-def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window, paths):
+def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window):
     """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
-    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global
-    layers' mask (causal with padding) and the sliding layers' take the paths counted."""
+    keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global layers' mask
+    (causal with padding) takes the token rule, and so do the sliding layers' where the window cuts no image (4, the
+    length of an image and of a frame; or under a rule that keeps images whole); a window of 3 that cuts them is
+    Transformers' mask, evaluated tile by tile."""
     inputs = gemma4_batch(rows)
     with mask_paths() as taken:
         assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(window)), inputs,
                             logits_at(inputs["attention_mask"].bool()),
                             {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2},
                             own={"Gemma4AudioModel": "eager"})
-    assert dict(taken) == paths
+    cut = window < 4 and gemma4_windows_cut_images()
+    assert dict(taken) == ({"token rule": 1, "tile by tile": 1} if cut else {"token rule": 2})
+
+
+def tempered_gemma4(global_head_dim: int, vision_head_dim: int = 16) -> Callable:
+    """``build(attn)`` of `gemma4_config` (window 4) whose global layers' query norm is scaled by
+    sqrt(32 / global_head_dim). Gemma 4 scales q.k by 1 after RMS-normalising q and k, so its logits spread as
+    sqrt(D); at D 512 a softmax that sharp turns float32 rounding into gradient errors of 3e-5, sdpa's against eager
+    as large as omni's. Scaled, the logits spread as at D 32 and both stay near 6e-6."""
+    config = gemma4_config(4, global_head_dim, vision_head_dim)
+
+    def build(attn):
+        model = Gemma4ForConditionalGeneration._from_config(copy.deepcopy(config), attn_implementation=attn)
+        with torch.no_grad():
+            for module in model.modules():
+                if type(module).__name__ == "Gemma4TextAttention" and module.head_dim == global_head_dim:
+                    module.q_norm.weight.mul_((32 / global_head_dim) ** 0.5)
+        return model
+
+    return build
+
+
+@ROWS
+def test_gemma4_global_layers_at_head_dim_512_build_and_match_eager(rows):
+    """Gemma 4's own global head dim, 512, the largest omni takes: built (not refused) and exact."""
+    inputs = gemma4_batch(rows)
+    assert_omni_matches(tempered_gemma4(512), inputs,
+                        logits_at(inputs["attention_mask"].bool()),
+                        {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+
+
+ATTENTION_BACKEND_FLAGS = ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn",
+                           "_supports_flex_attn")
+
+
+def test_a_tower_whose_attention_never_calls_the_function_keeps_it_though_its_class_claims_every_backend(monkeypatch):
+    """Gemma 4's audio tower as Transformers 5.9 declares it (every backend supported, yet its chunked attention never
+    calls the attention function): read from its modules once built, it runs eager, at build and when an eager model
+    is switched to omni, with eager's mask."""
+    for flag in ATTENTION_BACKEND_FLAGS:
+        monkeypatch.setattr(Gemma4AudioModel, flag, True)
+    inputs = gemma4_batch(1)
+    build = from_config(Gemma4ForConditionalGeneration, gemma4_config(4))
+    assert_omni_matches(build, inputs, logits_at(inputs["attention_mask"].bool()),
+                        {"Gemma4VisionAttention": 1, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+    switched = build("eager")
+    switched.set_attn_implementation("omni")
+    assert_implementations(switched, "omni", {"Gemma4AudioModel": "eager"})
 
 
 def deepseek_vl_hybrid_config():
@@ -543,16 +630,34 @@ def deepseek_vl_hybrid_config():
                                   image_token_id=IMAGE)
 
 
-def test_deepseek_vl_hybrid_runs_sam_on_its_own_attention_and_the_rest_on_omni_like_eager():
+@ROWS
+def test_deepseek_vl_hybrid_runs_sam_on_its_own_attention_and_the_rest_on_omni_like_eager(rows):
     """Sixteen image tokens per row, row 1 padded left; SAM's vision layers run sdpa (it has no "omni" entry)."""
     input_ids = text(2, 24, seed=34)
     input_ids[0, 2:18], input_ids[1, 6:22] = IMAGE, IMAGE
-    attention_mask = padding([24, 20], 24, left=True)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=randn(2, 3, 16, 16, seed=35),
-                  high_res_pixel_values=randn(2, 3, 32, 32, seed=36))
+    inputs = first_row(dict(input_ids=input_ids, attention_mask=padding([24, 20], 24, left=True),
+                            pixel_values=randn(2, 3, 16, 16, seed=35),
+                            high_res_pixel_values=randn(2, 3, 32, 32, seed=36)), rows)
     assert_omni_matches(from_config(DeepseekVLHybridForConditionalGeneration, deepseek_vl_hybrid_config()), inputs,
-                        logits_at(attention_mask.bool()), {"SiglipAttention": 1, "LlamaAttention": 2},
+                        logits_at(inputs["attention_mask"].bool()), {"SiglipAttention": 1, "LlamaAttention": 2},
                         own={"SamVisionModel": "sdpa"})
+
+
+def got_ocr2_config():
+    """A Qwen2 language model and GOT-OCR2's (SAM-style) vision encoder, whose attention never calls the attention
+    function: 64 px images of 8 px patches, 4 image tokens after the projector's two strided convolutions."""
+    vision = dict(hidden_size=32, output_channels=16, num_hidden_layers=1, num_attention_heads=2, image_size=64,
+                  patch_size=8, mlp_dim=64, global_attn_indexes=[0])
+    return GotOcr2Config(vision_config=vision, text_config=dict(LANGUAGE, model_type="qwen2"), image_token_index=IMAGE)
+
+
+@ROWS
+def test_got_ocr2_runs_its_vision_encoder_on_its_own_attention_and_the_language_model_on_omni_like_eager(rows):
+    """Its vision encoder is a tower of its own config that attends on its own: it runs eager, the rest omni."""
+    inputs = first_row(image_rows(seed=37) | dict(pixel_values=randn(2, 3, 64, 64, seed=38)), rows)
+    assert_omni_matches(from_config(GotOcr2ForConditionalGeneration, got_ocr2_config()), inputs,
+                        logits_at(inputs["attention_mask"].bool()), {"Qwen2Attention": 2},
+                        own={"GotOcr2VisionEncoder": "eager"})
 
 
 # The language model of the Qwen3-VL family's tests (interleaved 3-D rope sections of a 16-wide head) and their
@@ -595,9 +700,10 @@ def qwen3_5_config():
      {"Qwen3VLMoeVisionAttention": 2, "Qwen3VLMoeTextAttention": 2}),
     (Qwen3_5ForConditionalGeneration, qwen3_5_config, {"Qwen3_5VisionAttention": 2, "Qwen3_5Attention": 1}),
 ], ids=["qwen3-vl", "qwen3-vl-moe", "qwen3.5"])
-def test_qwen3_vl_family_images_of_different_sizes_match_eager(model_class, config, reaches):
+@ROWS
+def test_qwen3_vl_family_images_of_different_sizes_match_eager(model_class, config, reaches, rows):
     """The three images of the Qwen2-VL test through Qwen3-VL's packed vision tower (each layer one packed call)."""
-    inputs = qwen_image_batch(seed=40)
+    inputs = qwen_rows(qwen_image_batch(seed=40), rows)
     assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
 
 
@@ -613,12 +719,14 @@ def qwen3_omni_thinker_config():
                                      **QWEN3_TOKENS)
 
 
-def test_qwen3_omni_thinker_images_and_audio_match_eager():
+@ROWS
+def test_qwen3_omni_thinker_images_and_audio_match_eager(rows):
     """The three images of the Qwen2-VL test and, in row 0, an audio clip of 4 tokens."""
     inputs = qwen_image_batch(seed=51)
     inputs.pop("mm_token_type_ids")
     inputs["input_ids"][0, 18:24] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
-    inputs |= dict(input_features=randn(1, 8, 32, seed=52), feature_attention_mask=torch.ones(1, 32, dtype=torch.long))
+    inputs = qwen_rows(inputs, rows) | dict(input_features=randn(1, 8, 32, seed=52),
+                                            feature_attention_mask=torch.ones(1, 32, dtype=torch.long))
     assert_omni_matches(from_config(Qwen3OmniMoeThinkerForConditionalGeneration, qwen3_omni_thinker_config()), inputs,
                         logits_at(inputs["attention_mask"].bool()), {"Qwen3OmniMoeAudioAttention": 1,
                         "Qwen3OmniMoeVisionAttention": 2, "Qwen3OmniMoeThinkerTextAttention": 2})
@@ -632,25 +740,37 @@ def molmo2_config():
     adapter = dict(vision_feature_layer=[-1], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
                    head_dim=16, intermediate_size=64, text_hidden_size=64)
     language = dict(LANGUAGE, additional_vocab_size=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=language, image_patch_id=IMAGE,
-                        image_start_token_id=BOI, image_end_token_id=EOI, low_res_image_start_token_id=VISION_START,
-                        frame_start_token_id=VISION_END, frame_end_token_id=VIDEO)
+    return installed("Molmo2Config")(
+        vision_config=vision, adapter_config=adapter, text_config=language, image_patch_id=IMAGE,
+        image_start_token_id=BOI, image_end_token_id=EOI, low_res_image_start_token_id=VISION_START,
+        frame_start_token_id=VISION_END, frame_end_token_id=VIDEO)
 
 
-def test_molmo2_pooling_cross_attention_over_padded_patches_matches_eager_and_is_not_built_tile_by_tile():
+@ROWS
+def test_molmo2_pooling_cross_attention_over_padded_patches_matches_eager_and_is_not_built_tile_by_tile(rows):
     """One crop per row; one pooled token of each sees 2 of its 4 patches (the others are padding slots). The
     pooling's mask is the key padding; the language model's the token rule; nothing is evaluated tile by tile."""
     pooling = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, -1, -1], [10, 11, 14, 15]])
-    inputs = image_rows(seed=55) | dict(
+    inputs = first_row(image_rows(seed=55) | dict(
         pixel_values=randn(2, 16, 48, seed=56), image_grids=torch.tensor([[2, 2, 0, 0], [2, 2, 0, 0]]),
         image_token_pooling=torch.cat([pooling, torch.where(pooling >= 0, pooling + 16, -1)]),
-        image_num_crops=torch.tensor([1, 1]))
+        image_num_crops=torch.tensor([1, 1])), rows, image_token_pooling=pooling)
     inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).long()
     with mask_paths() as taken:
-        assert_omni_matches(from_config(Molmo2ForConditionalGeneration, molmo2_config()), inputs,
+        assert_omni_matches(from_config(installed("Molmo2ForConditionalGeneration"), molmo2_config()), inputs,
                             logits_at(inputs["attention_mask"].bool()),
                             {"Molmo2VisionAttention": 3, "Molmo2Attention": 2})
     assert dict(taken) == {"token rule": 1}
+
+
+def forward_runs_here(build, inputs: dict) -> None:
+    """Skips, naming the error, where the family's forward fails under eager itself on this Transformers (5.24's
+    Llama 4 reads an ``image_outputs`` its language model does not return): nothing of omni's to test there."""
+    try:
+        with torch.no_grad():
+            build("eager")(**inputs)
+    except AttributeError as error:
+        pytest.skip(f"the forward fails under eager on Transformers {transformers.__version__}: {error}")
 
 
 def image_rows(seed: int, tokens: int = 4) -> dict:
@@ -660,39 +780,52 @@ def image_rows(seed: int, tokens: int = 4) -> dict:
     return dict(input_ids=input_ids, attention_mask=padding([24, 20], 24, left=True))
 
 
-@pytest.mark.parametrize("model_class, config, pixels, reaches", [
-    (Mistral3ForConditionalGeneration,
+@pytest.mark.parametrize("model_name, config, pixels, reaches", [
+    ("Mistral3ForConditionalGeneration",
      lambda: Mistral3Config(vision_config=dict(TOWER, image_size=16, patch_size=4, head_dim=16),
                             text_config=dict(LANGUAGE, model_type="mistral"), image_token_index=IMAGE,
                             spatial_merge_size=2),
      lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=42), image_sizes=torch.tensor([[16, 16], [16, 16]])),
      {"PixtralAttention": 1, "MistralAttention": 2}),
-    (Idefics3ForConditionalGeneration,
+    ("Idefics3ForConditionalGeneration",
      lambda: Idefics3Config(vision_config=dict(TOWER, image_size=16, patch_size=4),
                             text_config=dict(LANGUAGE, model_type="llama"), image_token_id=IMAGE, scale_factor=2),
      lambda: dict(pixel_values=randn(2, 1, 3, 16, 16, seed=44)), {"Idefics3VisionAttention": 1, "LlamaAttention": 2}),
-    (InternVLForConditionalGeneration,
+    ("InternVLForConditionalGeneration",
      lambda: InternVLConfig(vision_config=dict(TOWER, image_size=[16, 16], patch_size=[4, 4]),
                             text_config=dict(LANGUAGE, model_type="qwen2"), image_token_id=IMAGE,
                             downsample_ratio=0.5),
      lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=46)), {"InternVLVisionAttention": 1, "Qwen2Attention": 2}),
-    (HunYuanVLForConditionalGeneration,
-     lambda: HunYuanVLConfig(vision_config=dict(TOWER, patch_size=4, spatial_merge_size=2, temporal_patch_size=1,
-                                                text_hidden_size=64, out_hidden_size=64),
-                             text_config=dict(LANGUAGE, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                         "mrope_section": [2, 2, 2, 2]}),
-                             image_token_id=IMAGE, im_start_id=BOI, im_end_id=EOI, im_newline_id=VISION_END),
+    ("Llama4ForConditionalGeneration",
+     lambda: Llama4Config(vision_config=dict(TOWER, intermediate_size=128, image_size=16, patch_size=4,
+                                             vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
+                                             pixel_shuffle_ratio=0.5),
+                          text_config=llama4_config().to_dict(), image_token_index=IMAGE, boi_token_index=BOI,
+                          eoi_token_index=EOI),
+     lambda: dict(pixel_values=randn(2, 3, 16, 16, seed=48)), {"Llama4VisionAttention": 1, "Llama4TextAttention": 2}),
+    ("HunYuanVLForConditionalGeneration",
+     lambda: installed("HunYuanVLConfig")(
+         vision_config=dict(TOWER, patch_size=4, spatial_merge_size=2, temporal_patch_size=1, text_hidden_size=64,
+                            out_hidden_size=64),
+         text_config=dict(LANGUAGE, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "mrope_section": [2, 2, 2, 2]}),
+         image_token_id=IMAGE, im_start_id=BOI, im_end_id=EOI, im_newline_id=VISION_END),
      lambda: dict(pixel_values=randn(32, 48, seed=54), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]])),
      {"HunYuanVLVisionAttention": 1, "HunYuanVLDenseV1Attention": 2}),
-], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl", "hunyuan-vl"])
-def test_vlms_with_a_tower_per_image_match_eager(model_class, config, pixels, reaches):
+], ids=["mistral3-pixtral", "idefics3-smolvlm", "internvl", "llama4", "hunyuan-vl"])
+@ROWS
+def test_vlms_with_a_tower_per_image_match_eager(model_name, config, pixels, reaches, rows):
     """One image of 16 patches per row (4 tokens after merging; HunYuanVL: 8, with row ends and bounds), row 1
     left-padded."""
-    hunyuan = model_class is HunYuanVLForConditionalGeneration
+    model_class = installed(model_name)
+    hunyuan = model_name == "HunYuanVLForConditionalGeneration"
     inputs = image_rows(seed=41, tokens=8 if hunyuan else 4) | pixels()
+    inputs = first_row(inputs, rows, **({"pixel_values": inputs["pixel_values"][:16]} if hunyuan else {}))
     if hunyuan:  # its multimodal rope reads the image tokens' places
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).int()
-    assert_omni_matches(from_config(model_class, config()), inputs, logits_at(inputs["attention_mask"].bool()), reaches)
+    build = from_config(model_class, config())
+    forward_runs_here(build, inputs)
+    assert_omni_matches(build, inputs, logits_at(inputs["attention_mask"].bool()), reaches)
 
 
 # ---------------------------------------------------------------------- encoders
@@ -784,15 +917,16 @@ def test_whisper_encoder_decoder_self_and_cross_attention_match_eager():
 # ---------------------------------------------------------------------- additive position biases
 
 
-def served_here(model_class) -> None:
-    """Skips, naming the reason, where this Transformers' ``model_class`` is not omni's to serve: its layers attend
-    on their own (T5-style models before Transformers 5.13 never call the attention function), so omni refuses it
-    at build (`test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass`)."""
-    own, feature = own_attention(model_class), unsupported_feature(model_class)
-    if own is not None or feature is not None:
-        reason = f"runs {own} only" if own is not None else f"uses {feature}"
-        pytest.skip(f"{model_class.__name__} keeps attention of its own on Transformers {transformers.__version__} "
-                    f"(it {reason}); omni refuses it at build")
+def served_here(build) -> None:
+    """Skips, naming the refusal, where omni refuses the model at build on this Transformers: its layers attend on
+    their own (T5-style models before Transformers 5.13 never call the attention function;
+    `test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass`)."""
+    try:
+        build("omni")
+    except ValueError as error:
+        if "keeps attention of its own" not in str(error):
+            raise
+        pytest.skip(f"Transformers {transformers.__version__}: {error}")
 
 
 def t5_config():
@@ -823,11 +957,11 @@ def test_t5_relative_position_bias_matches_eager_with_its_gradient(rows):
     """Encoder self-attention and decoder self-attention with T5's relative position bias (a [1, H, Sq, Skv] view of
     an embedding, last-dim stride H), cross-attention with a zero bias, scale 1.0: logits, the encoder's states and
     every gradient, the bias tables' included, as eager's."""
-    served_here(T5ForConditionalGeneration)
+    build = from_config(T5ForConditionalGeneration, t5_config())
+    served_here(build)
     encoder_mask, decoder_mask = encoder_decoder_masks(rows, 12, 10)
     inputs = dict(input_ids=text(rows, 12, seed=21), attention_mask=encoder_mask,
                   decoder_input_ids=text(rows, 10, seed=22), decoder_attention_mask=decoder_mask)
-    build = from_config(T5ForConditionalGeneration, t5_config())
     assert all(layer.SelfAttention.scaling == 1.0 for layer in build("eager").modules()
                if type(layer).__name__ == "T5LayerSelfAttention")
     grads = assert_omni_matches(build, inputs, lambda out: [
@@ -838,7 +972,7 @@ def test_t5_relative_position_bias_matches_eager_with_its_gradient(rows):
 def test_t5_scale_and_bias_reach_the_op():
     """omni honours the scale T5 passes (1.0, not D ** -0.5) and its bias: a model whose scores ignored either
     would not match eager (checked above); here the op sees them."""
-    served_here(T5ForConditionalGeneration)
+    served_here(from_config(T5ForConditionalGeneration, t5_config()))
     seen = []
 
     def spy(module, query, key, value, mask, scaling=None, **kwargs):
@@ -861,8 +995,8 @@ def test_t5_greedy_generate_over_a_padded_encoder_batch_is_token_equal(cache):
     """10 new tokens from a padded batch of two (weights 3x the default scale, so that no row repeats one token). The
     static cache's keys fill its slots from the front, so omni reorders them to end the buffer, and the decoder's
     bias (computed over the slots) with them."""
-    served_here(T5ForConditionalGeneration)
     config = t5_config()
+    served_here(from_config(T5ForConditionalGeneration, config))
     config.initializer_factor = 3.0
     inputs = dict(input_ids=text(2, 12, seed=21), attention_mask=encoder_decoder_masks(2, 12, 10)[0])
     assert_greedy_generation_token_equal(from_config(T5ForConditionalGeneration, config), inputs, "eager", cache)
@@ -882,54 +1016,98 @@ def pix2struct_config():
 def test_pix2struct_relative_position_bias_matches_eager_with_its_gradient(rows):
     """Flattened patches (row and column ids first) with their padding mask; the decoder's self-attention with its
     relative position bias and cross-attention over the patches: logits, the encoder's states and every gradient."""
-    served_here(Pix2StructForConditionalGeneration)
+    build = from_config(Pix2StructForConditionalGeneration, pix2struct_config())
+    served_here(build)
     patch_mask, decoder_mask = encoder_decoder_masks(rows, 16, 10)
     patch_mask = patch_mask.flip(-1)  # patches pad at the end, as the processor does
     patches = randn(rows, 16, 2 + 12, seed=31)
     patches[..., 0], patches[..., 1] = torch.arange(16) // 4 + 1, torch.arange(16) % 4 + 1
     inputs = dict(flattened_patches=patches * patch_mask[..., None], attention_mask=patch_mask,
                   decoder_input_ids=text(rows, 10, seed=32), decoder_attention_mask=decoder_mask)
-    grads = assert_omni_matches(from_config(Pix2StructForConditionalGeneration, pix2struct_config()), inputs,
+    grads = assert_omni_matches(build, inputs,
                                 lambda out: [out.logits[decoder_mask.bool()],
                                              out.encoder_last_hidden_state[patch_mask.bool()]],
                                 {"Pix2StructVisionAttention": 2, "Pix2StructTextAttention": 2 * 2})
     assert_relative_bias_learns(grads, 1)
 
 
+def udop_config():
+    """A 2-layer encoder over 12 text tokens and the 16 patches of a 16 px image, with T5's relative position bias
+    plus UDOP's 2D one (horizontal and vertical distances of the tokens' boxes), and a 2-layer decoder."""
+    return UdopConfig(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
+                      dropout_rate=0.0, image_size=16, patch_size=4, num_channels=3, pad_token_id=0, eos_token_id=1,
+                      decoder_start_token_id=0)
+
+
+@ROWS
+def test_udop_1d_and_2d_position_biases_match_eager_with_their_gradients(rows):
+    """Text with its layout boxes and an image: the encoder's self-attention carries T5's and UDOP's 2D bias (as
+    ``position_bias``) over text and patches, the decoder's its own; cross-attention over the padded encoder. Logits,
+    the encoder's states and every gradient, the bias tables' included, as eager's."""
+    build = from_config(UdopForConditionalGeneration, udop_config())
+    served_here(build)
+    encoder_mask, decoder_mask = encoder_decoder_masks(rows, 12, 10)
+    corner = torch.rand(rows, 12, 2, generator=torch.Generator().manual_seed(25)) * 0.8
+    inputs = dict(input_ids=text(rows, 12, seed=26), attention_mask=encoder_mask,
+                  bbox=torch.cat([corner, corner + 0.2], -1), pixel_values=randn(rows, 3, 16, 16, seed=27),
+                  decoder_input_ids=text(rows, 10, seed=28), decoder_attention_mask=decoder_mask)
+    encoder_rows = torch.cat([encoder_mask, torch.ones(rows, 16, dtype=encoder_mask.dtype)], 1).bool()  # + patches
+    grads = assert_omni_matches(build, inputs, lambda out: [out.logits[decoder_mask.bool()],
+                                                            out.encoder_last_hidden_state[encoder_rows]],
+                                {"UdopAttention": 3 * 2})
+    tables = {name: g for name, g in grads.items() if "relative" in name and name.endswith("bias.weight")}
+    assert len(tables) >= 2 and all(g.abs().sum() > 0 for g in tables.values()), tables.keys()
+
+
 # ---------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("model_class, config, feature", [
-    # GOT-OCR2's vision encoder (SAM's) attends on its own, never through the attention function.
-    (GotOcr2ForConditionalGeneration, lambda: GotOcr2Config(
-        vision_config=dict(hidden_size=32, output_channels=16, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8, mlp_dim=64, global_attn_indexes=[0]),
-        text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)),
-     r"attention layers of its own \(they never call Transformers' attention function\)"),
-], ids=["got-ocr2-own-attention"])
-def test_models_omni_cannot_serve_are_refused_when_built_naming_the_feature(model_class, config, feature):
-    """A model whose layers never call the attention function is refused when built with omni (or switched to it),
-    not at the first forward, and never silently run on eager."""
-    refusal = (rf'attn_implementation="omni": {model_class.__name__} uses {feature}, '
-               rf'which omni attention does not support')
-    with pytest.raises(ValueError, match=refusal):
+def gemma4_audio_config():
+    return gemma4_config().audio_config
+
+
+@pytest.mark.parametrize("model_class, config, claims_every_backend, instead", [
+    (FalconForCausalLM, lambda: FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2), False, "sdpa"),
+    (Gemma4AudioModel, gemma4_audio_config, False, "eager"),
+    (Gemma4AudioModel, gemma4_audio_config, True, "eager"),
+], ids=["falcon-own-table", "gemma4-audio-eager-only", "gemma4-audio-claiming-every-backend"])
+def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass(
+        model_class, config, claims_every_backend, instead, monkeypatch):
+    """Falcon picks its attention classes from its own table; Gemma 4's audio tower runs its own chunked attention,
+    whether its class says so (eager only) or claims every backend (as in Transformers 5.9: read from its modules
+    once built). As towers they would run their own; as whole models, refused."""
+    for flag in ATTENTION_BACKEND_FLAGS if claims_every_backend else ():
+        monkeypatch.setattr(model_class, flag, True)
+    with pytest.raises(ValueError, match=rf'attn_implementation="omni": {model_class.__name__} keeps attention of its '
+                                         rf'own .*; use attn_implementation="{instead}"'):
         model_class._from_config(config(), attn_implementation="omni")
-    model = model_class._from_config(config(), attn_implementation="eager")
-    try:
-        model.set_attn_implementation("omni")
-    except ValueError as error:
-        assert re.search(refusal, str(error)), error
-    else:  # a model whose layers never call the attention function: Transformers only warns, and keeps eager
-        assert model.config._attn_implementation == "eager"
 
 
-def test_a_whole_model_that_keeps_its_own_attention_is_refused_naming_the_implementation_to_pass():
-    """Falcon picks its attention classes from its own table: as a tower it would run sdpa; as the model, refused."""
-    config = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
-    with pytest.raises(ValueError, match=r'FalconForCausalLM keeps attention of its own .*; use '
-                                         r'attn_implementation="sdpa"'):
-        FalconForCausalLM._from_config(config, attn_implementation="omni")
+@pytest.mark.parametrize("tower, head_dims, refused, instead", [
+    ("Gemma4TextModel", (520, 16), "full_attention layers at head dim 520", "text_config"),
+    ("Gemma4VisionModel", (32, 12), "attention layers at head dim 12", "vision_config"),
+], ids=["text-head-dim-above-512", "vision-head-dim-not-a-multiple-of-8"])
+def test_a_tower_omni_cannot_serve_is_refused_naming_its_sub_config_and_the_dict_that_builds(tower, head_dims, refused,
+                                                                                              instead):
+    """The refusal names the tower, the layer type and head dim, and the ``attn_implementation`` dict that gives that
+    sub-config sdpa and every other one omni; built with that dict, the model matches eager with the tower on sdpa."""
+    build = tempered_gemma4(*head_dims)
+    with pytest.raises(ValueError) as refusal:
+        build("omni")
+    match = re.fullmatch(rf'attn_implementation="omni": {tower} has {refused}; omni attention runs head dims that are '
+                         rf'multiples of 8 up to 512; its sub-config {instead} cannot run omni: build '
+                         rf'Gemma4ForConditionalGeneration with attn_implementation=(\{{.*\}})', str(refusal.value))
+    assert match, refusal.value
+    chosen = json.loads(match.group(1))
+    assert chosen == {"": "omni", "text_config": "omni", "vision_config": "omni", "audio_config": "omni"} | {
+        instead: "sdpa"}
+    inputs = gemma4_batch(1)
+    reaches = {"Gemma4VisionAttention": 1, "Gemma4TextAttention": 2}
+    reaches.pop("Gemma4TextAttention" if instead == "text_config" else "Gemma4VisionAttention")
+    assert_omni_matches(lambda attn: build(chosen if attn == "omni" else attn), inputs,
+                        logits_at(inputs["attention_mask"].bool()), reaches,
+                        own={"Gemma4AudioModel": "eager", tower: "sdpa"})
 
 
 @pytest.mark.parametrize("name, value, feature", [

@@ -158,15 +158,19 @@ def vision_attention_forwards() -> dict[type, object]:
 
 
 def test_patches_touch_only_models_that_choose_omni_and_register_without_patches_removes_them():
-    """Transformers' build check is wrapped, and packed towers' forwards only once a model of theirs chooses omni;
-    ``register(patch=False)`` restores both (the attention function still refuses what the build check would)."""
+    """Transformers' build check and post-build hook are wrapped, and packed towers' forwards only once a model of
+    theirs chooses omni; ``register(patch=False)`` restores all (the attention function still refuses what the build
+    check would)."""
     original_check = PreTrainedModel.get_correct_attn_implementation
     try:
         omni_hf.register(patch=False)
         plain_check, plain_forwards = PreTrainedModel.get_correct_attn_implementation, vision_attention_forwards()
+        plain_post_init = PreTrainedModel.post_init
         assert not patches.installed() and not hasattr(plain_check, "omni_original")
+        assert not hasattr(plain_post_init, "omni_original")
         omni_hf.register()
         assert patches.installed() and PreTrainedModel.get_correct_attn_implementation.omni_original is plain_check
+        assert PreTrainedModel.post_init.omni_original is plain_post_init
 
         def build(attn):
             return Qwen2VisionTransformerPretrainedModel._from_config(qwen_vision_config("qwen2_vl"),
@@ -180,6 +184,7 @@ def test_patches_touch_only_models_that_choose_omni_and_register_without_patches
         omni_hf.register(patch=False)
         assert vision_attention_forwards() == plain_forwards
         assert PreTrainedModel.get_correct_attn_implementation is plain_check
+        assert PreTrainedModel.post_init is plain_post_init
         model = AutoModelForCausalLM.from_config(llama_config(head_dim=12), attn_implementation="omni")  # no check
         with pytest.raises(ValueError, match=r"q: expected a head dim that is a multiple of 8"):
             model(tokens(1, 8))
@@ -211,7 +216,7 @@ def test_the_environment_variable_opts_out_of_the_patches_at_import():
 def test_head_dims_the_op_refuses_are_refused_when_the_model_is_built_naming_the_layer_type(config, refused):
     """Not at the first forward under the name `q`; the largest head dim the op takes builds (read from the op)."""
     message = (rf'attn_implementation="omni": \w+ has {refused}; omni attention runs head dims that are multiples '
-               rf'of 8 up to {MAX_HEAD_DIM}. Use attn_implementation="sdpa"')
+               rf'of 8 up to {MAX_HEAD_DIM}; use attn_implementation="sdpa"')
     with pytest.raises(ValueError, match=message):
         AutoModelForCausalLM.from_config(config(), attn_implementation="omni")
     AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
@@ -346,6 +351,42 @@ def test_vision_tower_attends_bidirectionally_like_eager(device):
     changed[:, :, -4:, -4:] += 1
     first_patch = omni(pixel_values=changed.to(omni.dtype)).last_hidden_state[:, 0].float()
     assert not torch.allclose(first_patch, outputs[0][:, 0], atol=1e-3)
+
+
+def additive_definition(q, k, v, mask, scale):
+    """float64 attention with ``mask`` added to the scores, as eager adds a float mask; q [B, Hq, S, D], k and v
+    [B, Hkv, S, D] (their heads repeated here), mask broadcastable to [B, Hq, S, S]."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.double(), k) * scale + mask.double()
+    return torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("values", ["images alone", "any additive values"])
+def test_a_float_mask_a_model_makes_is_added_to_the_scores_as_eager_adds_it(values, device):
+    """Pixtral's tower under Transformers 5.9 hands the attention function a float mask it makes itself: 0 within each
+    image, the dtype's minimum elsewhere, ``[1, 1, S, S]`` expanded over the batch. omni adds it to the scores (the
+    op's bias over every key), whatever its values: the output and the gradients of q, k and v are those of the
+    float64 definition. Images of 40 and 30 patches: 70 keys cross a 64-key tile."""
+    gen = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if low_precision(device) else torch.float32
+    batch, length, scale = 2, 70, 0.125
+    image = torch.arange(length) >= 40
+    mask = torch.where(image[:, None] == image[None], 0.0, torch.finfo(dtype).min)
+    if values == "any additive values":
+        mask = mask.clamp(min=-30.0) + torch.randn(length, length, generator=gen)
+    mask = mask.to(device, dtype)[None, None].expand(batch, 1, length, length)
+    q = torch.randn(batch, 4, length, 64, generator=gen).to(device, dtype).requires_grad_()
+    k, v = (torch.randn(batch, 2, length, 64, generator=gen).to(device, dtype).requires_grad_() for _ in range(2))
+    out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=scale)
+    probe = torch.randn(out.shape, generator=gen).to(device)
+    grads = torch.autograd.grad((out.float() * probe).sum(), (q, k, v))
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = additive_definition(*ref_inputs, mask, scale).transpose(1, 2)
+    ref_grads = torch.autograd.grad((expected * probe.double()).sum(), ref_inputs)
+    bound = 2e-2 if low_precision(device) else 1e-5
+    for got, want in zip((out, *grads), (expected, *ref_grads), strict=True):
+        assert relative_error(got, want) < bound
 
 
 def qwen_vision_config(model_type: str):
@@ -681,7 +722,7 @@ MASK_CASES = {
                                        extra=restarting_positions),
     "chunked, left padding": MaskCase(hf_masks.create_chunked_causal_mask, "chunked_attention", real=[20, 24]),
     "causal with image blocks": MaskCase(hf_masks.create_causal_mask, real=[22, 24], extra=block_ids),
-    "sliding window with image blocks (tile by tile)": MaskCase(
+    "sliding window or image blocks (images whole)": MaskCase(
         hf_masks.create_sliding_window_causal_mask, "sliding_attention", extra=block_ids),
     "sliding window over causal or image blocks, left padding": MaskCase(
         hf_masks.create_causal_mask, real=[20, 24], extra=windowed_block_ids(SEQ, long_image=False)),
@@ -743,6 +784,19 @@ def test_attention_with_the_omni_spec_matches_transformers_eager_mask(case, devi
     rows = case.query_rows(device)[:, None].expand(-1, HEADS_Q, -1)
     error = relative_error(out.transpose(1, 2)[rows], expected[rows])
     assert error < (2e-2 if low_precision(device) else 1e-5), error
+
+
+def test_a_sliding_window_or_image_blocks_is_the_token_rule_with_the_window_not_built_tile_by_tile(monkeypatch):
+    """``create_sliding_window_causal_mask`` with ``block_sequence_ids``: (causal and inside the window) or same
+    image, each image whole although row 1's second (6 tokens) is longer than the window (5): Gemma 4's sliding
+    layers under Transformers 5.9. That is the token rule with the window on its causal part: built from the ids,
+    never evaluated tile by tile, it allows exactly the pairs eager's mask allows."""
+    cpu = torch.device("cpu")
+    spec, allowed = spec_and_eager_mask(MASK_CASES["sliding window or image blocks (images whole)"], cpu)
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *args, **kwargs: pytest.fail("built tile by tile"))
+    block_mask, key_order = block_mask_from_spec(spec, cpu, None)
+    assert key_order is None and torch.equal(block_mask.to_dense()[:, 0], allowed[:, 0])
+    assert allowed[1, 0, 15, 10]  # 5 apart, past the window, in one image: allowed
 
 
 def test_pooling_cross_attention_over_padded_patches_is_built_from_the_key_padding_not_tile_by_tile(monkeypatch):

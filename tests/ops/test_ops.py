@@ -42,6 +42,21 @@ def test_op_forward_backward_match_float64_softmax_with_gqa_and_transposed_input
         assert relative_error(grad, ref) < 1e-5
 
 
+def test_head_dim_512_the_largest_runs_exactly():
+    """Gemma 4's global head dim, on the reference: forward and the gradients of q, k and v against the float64
+    softmax, over 130 keys (three 64-key tiles) of interleaved text and images."""
+    mask, dense = interleaved(seq_len=130)
+    q, k, v = qkv(seq_len=130, dim=512, requires_grad=True)
+    out = omni_attention(q, k, v, mask)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    expected, _ = naive_attention(q64, k64, v64, dense, 512 ** -0.5)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), dout.double())
+    for got, want in zip((out, *grads), (expected, *expected_grads), strict=True):
+        assert relative_error(got, want) < 1e-5
+
+
 def test_default_scale_is_inverse_sqrt_head_dim():
     mask, dense = interleaved(batch=1)
     q, k, v = qkv(batch=1)
@@ -109,6 +124,8 @@ def bad_inputs(device="cpu", dtype=torch.float32):
         ("heads not dividing", (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1), mask), {}, ValueError,
          "k: expected a head count dividing"),
         ("odd head dim", (q[..., :30], k[..., :30], v[..., :30], mask), {}, ValueError, "multiple of 8"),
+        ("head dim above 512", [x.to(device, dtype) for x in qkv(dim=520)] + [mask], {}, ValueError,
+         "q: expected a head dim that is a multiple of 8 and at most 512, got 520"),
         ("dense mask", (q, k, v, mask.to_dense()), {}, TypeError, "block_mask: expected an OmniBlockMask"),
         ("mask lengths", (q[:, :, :100], k, v, mask), {}, ValueError, "block_mask: expected q_len=100"),
         ("mask batch", (q[:1], k[:1], v[:1], mask), {}, ValueError,

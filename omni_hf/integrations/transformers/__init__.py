@@ -4,11 +4,11 @@ What ``import omni_hf`` changes in Transformers (it runs `register`), all of it 
 
 - registers "omni" in ``AttentionInterface`` (`attention.omni_attention_forward`) and ``AttentionMaskInterface``
   (`spec.omni_mask`), and the name `packed_towers.PACKED` in ``AttentionInterface`` (packed vision towers' calls);
-- installs `patches`: ``PreTrainedModel.get_correct_attn_implementation`` is wrapped so that a model built with (or
-  switched to) "omni" is served, given its own attention, or refused at build (`model_support.omni_choice`), and
-  packed vision towers of such a model's modeling module make one call per layer (their attention classes'
-  ``forward`` is wrapped). Models that do not choose "omni" are untouched: the wrappers hand them Transformers'
-  own answer and forward.
+- installs `patches`: ``PreTrainedModel.get_correct_attn_implementation`` and ``PreTrainedModel.post_init`` are
+  wrapped so that a model built with (or switched to) "omni" is served, given its own attention, or refused at build
+  (`model_support.omni_choice`, asked again once the model's modules exist), and packed vision towers of such a
+  model's modeling module make one call per layer (their attention classes' ``forward`` is wrapped). Models that do
+  not choose "omni" are untouched: the wrappers hand them Transformers' own answer and forward.
 
 Opt out of the patches with the environment variable ``OMNI_HF_NO_PATCH=1`` (read at import) or
 ``omni_hf.register(patch=False)`` (which also removes patches already installed). "omni" stays registered; models are

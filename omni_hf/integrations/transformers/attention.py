@@ -44,7 +44,8 @@ def omni_attention_forward(
     Args:
         query: ``[B, Hq, Sq, D]``; key, value: ``[B, Hkv, Skv, D]`` (GQA as is, no ``repeat_kv``).
         attention_mask: the layer's `OmniMaskSpec`, an `OmniBlockMask` (prepared for the layer's type), None (no
-            mask), or a bool ``[B|1, H|1, Sq, Skv]`` mask.
+            mask), a bool ``[B|1, H|1, Sq, Skv]`` mask, or a float one (additive, as eager adds it: the op's bias over
+            every key; Pixtral's tower under Transformers 5.9).
         scaling, softcap: as in `omni_attention`.
         sliding_window: the layer's window, applied to ``omni_doc_ids`` and to a missing mask.
         is_causal: for a missing mask (default ``module.is_causal``, else True).
@@ -76,6 +77,8 @@ def omni_attention_forward(
     call, key_order = _prepared_call(module, query, key, value, attention_mask, scaling, softcap, sliding_window,
                                      is_causal, kwargs)
     bias = kwargs.get("position_bias")
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():  # a model's additive mask
+        bias = attention_mask if bias is None else bias + attention_mask
     if key_order is not None:
         key, value = key.index_select(2, key_order), value.index_select(2, key_order)
         if bias is not None and bias.shape[-1] != 1:  # the bias's keys follow the cache's slots, as the keys did

@@ -4,8 +4,11 @@
 
 1. a packed call (no mask, ``cu_seq_lens_k``: a packed vision tower, `packed_towers`) attends each sequence alone,
    causal or bidirectional, by the token rule; an encoder call (no mask, ``is_causal`` False: a vision tower)
-   attends bidirectionally (implicit). Such calls run so even when 2. or 3. are given: those describe the language
-   model's tokens (Qwen2-VL hands its vision tower the forward's kwargs);
+   attends bidirectionally (implicit); a call with a float mask (an additive mask a model makes itself, as
+   Pixtral's tower under Transformers 5.9: 0 where allowed, the dtype's minimum elsewhere) attends every key
+   (implicit), the mask joining the scores as the op's ``bias`` (`attention`), as eager adds it. Such calls run so
+   even when 2. or 3. are given: those describe the language model's tokens (Qwen2-VL hands its vision tower the
+   forward's kwargs);
 2. an `OmniBlockMask` as the layer's mask (a prepared mask per layer type, handed over as Transformers takes them:
    ``attention_mask={"full_attention": ..., "sliding_attention": ...}``, as Flex takes its ``BlockMask``), then an
    ``omni_block_mask`` kwarg (one for every layer), as is;
@@ -58,7 +61,8 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
     Args:
         query: ``[B, Hq, Sq, D]``; key: ``[B, Hkv, Skv, D]`` (only sizes and device are read).
-        mask: the layer's `OmniMaskSpec`, an `OmniBlockMask`, None, or a bool ``[B|1, H|1, Sq, Skv]`` tensor.
+        mask: the layer's `OmniMaskSpec`, an `OmniBlockMask`, None, or a bool or float (additive)
+            ``[B|1, H|1, Sq, Skv]`` tensor.
         sliding_window: the layer's window; is_causal: for a missing mask (default ``module.is_causal``, else True).
         kwargs: the attention function's keyword arguments.
     Returns:
@@ -71,6 +75,8 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         groups = None if causal else torch.zeros_like(doc)  # bidirectional: each sequence one group
         return OmniBlockMask.from_token_ids(doc, groups, window=sliding_window), None
     if mask is None and not causal:  # an encoder call (a VLM's vision tower): the collator's kwargs describe the LM
+        return OmniBlockMask.full(q_len, kv_len), None
+    if isinstance(mask, torch.Tensor) and mask.is_floating_point():  # additive: the op's bias (attention.py)
         return OmniBlockMask.full(q_len, kv_len), None
     if isinstance(mask, OmniBlockMask):  # prepared for this layer's type
         _check_block_mask("attention_mask", mask, batch, q_len, kv_len)
@@ -90,7 +96,7 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return OmniBlockMask.from_dense(mask.to(device)), None
     raise TypeError(f"attention_mask: expected an OmniMaskSpec (made by the 'omni' mask function), an OmniBlockMask, "
-                    f"None or a bool [B, H, q_len, kv_len] tensor, got {type(mask).__name__} "
+                    f"None, or a bool or float (additive) [B, H, q_len, kv_len] tensor, got {type(mask).__name__} "
                     f"{getattr(mask, 'dtype', '')}")
 
 

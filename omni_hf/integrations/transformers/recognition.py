@@ -51,9 +51,9 @@ def token_rule_parts(spec: OmniMaskSpec, device) -> tuple[torch.Tensor, torch.Te
         return first, torch.zeros_like(first, dtype=torch.int32), None  # packed (cu_seq_lens_k) encoder rows
     if spec.plain_causal and getattr(fn, "__code__", None) is _AND_CODE:
         return _probe_starts(spec, device), None, spec.window
-    block_ids = _causal_or_block_ids(fn)
-    if block_ids is not None:
-        return first, key_slice(block_ids, spec.kv_offset, spec.kv_len, fill=-1), None
+    causal_blocks = _causal_or_block_ids(fn)
+    if causal_blocks is not None:
+        return first, key_slice(causal_blocks[0], spec.kv_offset, spec.kv_len, fill=-1), causal_blocks[1]
     windowed = _windowed_causal_or_block_ids(fn)
     if windowed is not None:
         groups = key_slice(windowed[0], spec.kv_offset, spec.kv_len, fill=-1)
@@ -76,15 +76,21 @@ def _probe_starts(spec: OmniMaskSpec, device) -> torch.Tensor:
     return ~linked.expand(spec.batch_size, spec.kv_len) | (position == spec.kv_offset)
 
 
-def _causal_or_block_ids(fn: Callable) -> torch.Tensor | None:
-    """The ids of ``or_masks(causal_mask_function, blockwise_overlay(ids))`` (a causal mask with
-    ``block_sequence_ids``: Gemma3 / PaliGemma images), read from its closures; None for any other function,
-    and while compiling (Dynamo cannot read closures)."""
+def _causal_or_block_ids(fn: Callable) -> tuple[torch.Tensor, int | None] | None:
+    """The ids and window of ``or_masks(causal, blockwise_overlay(ids))``, read from its closures: a causal mask
+    with ``block_sequence_ids`` (Gemma3 / PaliGemma images; window None), or a sliding-window causal one
+    (``sliding_window_causal_mask_function(window)``: the sliding layers of Gemma 4 under Transformers 5.9, where the
+    window cuts the causal part only and each image stays whole, as the token rule's window does). None for any other
+    function, and while compiling (Dynamo cannot read closures)."""
     if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _OR_CODE:
         return None
     parts = _closure(fn)["mask_functions"]
-    blocks = len(parts) == 2 and getattr(parts[1], "__code__", None) is _BLOCKWISE_CODE
-    return _closure(parts[1])["block_sequence_ids"] if blocks and parts[0] is causal_mask_function else None
+    if len(parts) != 2 or getattr(parts[1], "__code__", None) is not _BLOCKWISE_CODE:
+        return None
+    window = None if parts[0] is causal_mask_function else sliding_window(parts[0])
+    if parts[0] is not causal_mask_function and window is None:
+        return None
+    return _closure(parts[1])["block_sequence_ids"], window
 
 
 def _windowed_causal_or_block_ids(fn: Callable) -> tuple[torch.Tensor, int] | None:
@@ -97,8 +103,10 @@ def _windowed_causal_or_block_ids(fn: Callable) -> tuple[torch.Tensor, int] | No
     parts = _closure(fn)["mask_functions"]
     if len(parts) != 2 or getattr(parts[1], "__code__", None) is not _SLIDING_CODE:
         return None
-    block_ids = _causal_or_block_ids(parts[0])
-    return None if block_ids is None else (block_ids, _closure(parts[1])["sliding_window"])
+    causal_blocks = _causal_or_block_ids(parts[0])
+    if causal_blocks is None or causal_blocks[1] is not None:
+        return None
+    return causal_blocks[0], _closure(parts[1])["sliding_window"]
 
 
 def _window_spares_groups(groups: torch.Tensor, window: int) -> bool:
