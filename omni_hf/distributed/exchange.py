@@ -16,6 +16,7 @@ spin of the GPU on that stream (``torch.cuda._sleep``), on the CPU a sleep of th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from ..ops.attention import backward_call, forward_call, prepare_call
 from .plan import RankPlan, Topology, Transfer
 
-__all__ = ["Links", "paired_attention", "pause"]
+__all__ = ["Links", "emulated_delays", "paired_attention", "pause"]
 
 
 def pause(seconds: float, device: torch.device) -> None:
@@ -83,8 +84,8 @@ class _Round:
 
 class Links:
     """One rank's point-to-point transfers on a process group, a round at a time (one ``batch_isend_irecv`` per
-    round, so that NCCL matches each round's sends and receives together), cross-node ones held back to an emulated
-    link's rate (`Topology.link_gb_s`)."""
+    round, so that NCCL matches each round's sends and receives together), each round held back as long as the
+    caller says (`emulated_delays`)."""
 
     def __init__(self, group: Any, topology: Topology, device: torch.device):
         self.group, self.topology, self.device = group, topology, device
@@ -110,29 +111,30 @@ class Links:
             works = dist.batch_isend_irecv(ops)
         return _Round(works, delay_s, self.stream)
 
-    def delays(self, transfers: tuple[Transfer, ...], rounds: int, token_bytes: int, backward: bool) -> list[float]:
-        """Seconds each round's data of this rank takes over the emulated link (0 without one): the larger of the
-        bytes this rank receives across nodes and of those its busiest cross-node sender sends in that round, over
-        the link's rate. Backward: dK / dV go back the way K / V came."""
-        if self.topology.link_gb_s is None:
-            return [0.0] * rounds
-        node = self.topology.node_of
-        crossing = [t for t in transfers if node[t.src] != node[t.dst]]
-        if backward:
-            crossing = [Transfer(t.round, t.dst, t.src, t.chunk, t.start, t.stop) for t in crossing]
-        delays = []
-        for step in range(rounds):
-            now = [t for t in crossing if t.round == step]
-            sent = {}
-            for t in now:
-                sent[t.src] = sent.get(t.src, 0) + t.stop - t.start
-            into = [t for t in now if t.dst == self.rank]
-            tokens = max([sum(t.stop - t.start for t in into), *(sent[t.src] for t in into)])
-            delays.append(tokens * token_bytes / (self.topology.link_gb_s * 1e9))
-        return delays
-
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+
+def emulated_delays(transfers: tuple[Transfer, ...], rank: int, topology: Topology, rounds: int, token_bytes: int,
+                    backward: bool) -> list[float]:
+    """Seconds each round's data of ``rank`` takes over an emulated link (`Topology.link_gb_s`; 0 without one): the
+    larger of the bytes it receives across nodes and of those its busiest cross-node sender sends in that round, over
+    the link's rate (``token_bytes``: one position's K and V). Backward: dK / dV go back the way K / V came."""
+    if topology.link_gb_s is None:
+        return [0.0] * rounds
+    crossing = [t for t in transfers if topology.node_of[t.src] != topology.node_of[t.dst]]
+    if backward:
+        crossing = [dataclasses.replace(t, src=t.dst, dst=t.src) for t in crossing]
+    delays = []
+    for step in range(rounds):
+        now = [t for t in crossing if t.round == step]
+        sent = {}
+        for t in now:
+            sent[t.src] = sent.get(t.src, 0) + t.stop - t.start
+        into = [t for t in now if t.dst == rank]
+        tokens = max([sum(t.stop - t.start for t in into), *(sent[t.src] for t in into)])
+        delays.append(tokens * token_bytes / (topology.link_gb_s * 1e9))
+    return delays
 
 
 _connected: dict[int, Any] = {}
@@ -185,7 +187,7 @@ class _Layer:
         own = torch.stack((k, v)).permute(3, 0, 1, 2, 4)  # [L, 2, B, Hkv, D], a view
         buffers = [k.new_empty((t.stop - t.start, *token_shape)) for t in plan.receives]
         held = {plan.rank: (self.start, own), **{t.chunk: (t.start, b) for t, b in zip(plan.receives, buffers)}}
-        delays = links.delays(self.transfers, plan.rounds, _token_bytes(k), False)
+        delays = emulated_delays(self.transfers, plan.rank, links.topology, plan.rounds, _token_bytes(k), False)
 
         def start_round(step: int, after: _Round | None) -> _Round:
             # the own shard goes out in round 0 only (a copy, on the compute stream); later rounds forward received
@@ -236,7 +238,7 @@ class _Layer:
                  **{chunk: (base, torch.zeros(b.shape, dtype=torch.float32, device=b.device))
                     for chunk, (base, b) in held.items()}}
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        delays = links.delays(self.transfers, plan.rounds, _token_bytes(k), True)
+        delays = emulated_delays(self.transfers, plan.rank, links.topology, plan.rounds, _token_bytes(k), True)
         step_args = (dout, q, k, v, out, lse, held, grads, dq)
         self._backward_round(plan.rounds - 1, *step_args)
         for step in reversed(range(plan.rounds)):  # dK / dV of round `step`'s keys back to where they came from
