@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from omni_hf.distributed import ContextParallel, Topology
+from omni_hf.distributed import SCHEDULES, ContextParallel, Topology
 from omni_hf.distributed import exchange as exchange_module
 from omni_hf.distributed.exchange import emulated_delays
 from omni_hf.distributed.plan import Transfer, choose_schedule, pair_spans, plan_transfers, rank_plan
-from tests.distributed.test_context_parallel import llama, packed_batch, run_ranks
+from tests.distributed.test_context_parallel import llama, packed_batch, run_example, run_ranks
 from tests.helpers.brute_force import (
     naive_attention,
     packed_vlm_ids,
@@ -332,3 +332,22 @@ def test_all_gather_refuses_cuts_that_split_an_image():
                                          r"split one \(queries of shards 0 see keys of shard 1\)"):
         cp.attention(*(torch.zeros(1, 2, 20, 8) for _ in range(3)))
 
+
+
+@pytest.mark.slow
+def test_the_example_times_each_schedule_on_emulated_nodes_and_checks_one_process(tmp_path):
+    """examples/context_parallel.py on 4 ranks, FSDP2, every schedule on the real links and on 2 emulated nodes of 2:
+    the first schedule's loss and gradients are one process's (float32), each run is recorded with its nodes, and a
+    run on the emulated nodes with its tokens/s against the same schedule's on the real links."""
+    result = run_example(tmp_path, 4, "--check", "--length", "1024", "--steps", "1", "--warmup", "0", "--workers", "1",
+                         "--emulate-nodes", "1", "2", "--schedule", "hybrid", "ring", "direct", "all_gather",
+                         "--sample-tokens", "300", "900")
+    assert result["loss_rel_diff"] <= 1e-6 and result["grad_rel_diff"] <= 1e-5, result
+    runs = {(run["schedule"], run["nodes"]): run for run in result["runs"]}
+    assert runs.keys() == {(schedule, nodes) for schedule in SCHEDULES for nodes in (1, 2)}
+    for (schedule, nodes), run in runs.items():
+        assert run["link_gb_s"] == (45.0 if nodes == 2 else None)
+        if nodes == 2:
+            assert run["vs_nvlink"] == pytest.approx(run["tokens_per_s"] / runs[schedule, 1]["tokens_per_s"])
+        if schedule != "all_gather":  # rank 0 attends only its own keys; the others some of their predecessors'
+            assert run["pairs_computed"][0] == 1 and min(run["pairs_computed"][1:]) >= 2
