@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks import context_parallel_model as cost_model
 from omni_hf.distributed import SCHEDULES, ContextParallel, Topology
 from omni_hf.distributed import exchange as exchange_module
 from omni_hf.distributed.exchange import emulated_delays
@@ -351,3 +352,9 @@ def test_the_example_times_each_schedule_on_emulated_nodes_and_checks_one_proces
             assert run["vs_nvlink"] == pytest.approx(run["tokens_per_s"] / runs[schedule, 1]["tokens_per_s"])
         if schedule != "all_gather":  # rank 0 attends only its own keys; the others some of their predecessors'
             assert run["pairs_computed"][0] == 1 and min(run["pairs_computed"][1:]) >= 2
+    runs = cost_model.measured_runs([result])  # the records the cost model is fitted to
+    assert [(r.scheme, r.row.bounds, r.tokens_per_s) for r in runs] == [
+        (run["schedule"], tuple(run["bounds"]), run["tokens_per_s"]) for run in result["runs"]]
+    assert all(r.row.tokens.sum() == 1024 and r.data_ranks == 1 and r.recompute for r in runs)
+    _, before = cost_model.fit(runs, parameters=())
+    assert cost_model.fit(runs)[1] <= before
