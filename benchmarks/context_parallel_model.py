@@ -19,7 +19,7 @@ Schemes (every rank holds a contiguous shard of the row for the projections, MLP
 - ``direct``, ``ring``, ``hybrid`` (`ContextParallel`'s schedules of those names, overlapped): each rank attends its
   queries to its own shard and to the key ranges of other shards that they see (`omni_hf.distributed.plan`: empty
   pairs skipped), brought by the schedule's transfers in rounds (direct: all from their owners in round 0; ring: one
-  hop a round, relayed; hybrid: direct inside a node, a ring of nodes along the owner's rail across), simulated per
+  hop a round, relayed; hybrid: direct inside a node, a ring of the nodes that need a range across), simulated per
   rank as `omni_hf.distributed.exchange` runs them: a call starts once its keys are in, a round's transfers once the
   ranks they join finished the round before, each transfer at the rate of the busiest port on its path; the
   backward returns dK / dV in reverse while the earlier calls run.

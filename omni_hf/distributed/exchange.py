@@ -57,10 +57,12 @@ def _cycles_per_second(device_index: int | None) -> float:
 
 class _Round:
     """One round's transfers in flight; `wait` makes their data usable where the work runs (the current CUDA stream,
-    or the host)."""
+    or the host). It holds the round's tensors until then: waiting for a NCCL work lets the caching allocator
+    recycle the tensors the work held, and on the comm stream that would be before the compute stream, where they
+    were made, is done with the transfers."""
 
-    def __init__(self, works: list, delay_s: float, stream):
-        self.works, self.delay_s, self.stream = works, delay_s, stream
+    def __init__(self, works: list, delay_s: float, stream, tensors: list[torch.Tensor]):
+        self.works, self.delay_s, self.stream, self.tensors = works, delay_s, stream, tensors
         self.started = time.perf_counter()
         self.event = None
         if stream is not None:  # the data's arrival, and the emulated link's extra time, on the comm stream
@@ -74,12 +76,11 @@ class _Round:
     def wait(self) -> None:
         if self.event is not None:
             torch.cuda.current_stream(self.stream.device).wait_event(self.event)
-            return
-        for work in self.works:
-            work.wait()
-        self.works = []
-        time.sleep(max(0.0, self.started + self.delay_s - time.perf_counter()))
-        self.delay_s = 0.0
+        else:
+            for work in self.works:
+                work.wait()
+            time.sleep(max(0.0, self.started + self.delay_s - time.perf_counter()))
+        self.works, self.delay_s, self.tensors = [], 0.0, []
 
 
 class Links:
@@ -103,13 +104,13 @@ class Links:
         ops = [dist.P2POp(op, tensor, self._global(peer), self.group, tag) for op, items in
                ((dist.isend, sends), (dist.irecv, receives)) for peer, tensor, tag in items]
         if not ops:
-            return _Round([], 0.0, self.stream)
+            return _Round([], 0.0, self.stream, [])
         if after is not None and self.stream is not None:
             with torch.cuda.stream(self.stream):
                 works = dist.batch_isend_irecv(ops)
         else:
             works = dist.batch_isend_irecv(ops)
-        return _Round(works, delay_s, self.stream)
+        return _Round(works, delay_s, self.stream, [op.tensor for op in ops])
 
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
@@ -184,16 +185,21 @@ class _Layer:
     def forward(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         plan, links = self.plan, self.links
         token_shape = (2, k.shape[0], k.shape[1], k.shape[3])  # a token's K and V: [2, B, Hkv, D]
-        own = torch.stack((k, v)).permute(3, 0, 1, 2, 4)  # [L, 2, B, Hkv, D], a view
         buffers = [k.new_empty((t.stop - t.start, *token_shape)) for t in plan.receives]
-        held = {plan.rank: (self.start, own), **{t.chunk: (t.start, b) for t, b in zip(plan.receives, buffers)}}
+        held = {t.chunk: (t.start, b) for t, b in zip(plan.receives, buffers)}
         delays = emulated_delays(self.transfers, plan.rank, links.topology, plan.rounds, _token_bytes(k), False)
 
+        def rows_to_send(t: Transfer) -> torch.Tensor:
+            """The token-major K and V a transfer sends: of the own shard a copy (round 0 only, on the compute
+            stream); of a received buffer its rows, contiguous as they are (no copy, so nothing runs before they
+            arrive)."""
+            if t.chunk != plan.rank:
+                return _rows(held[t.chunk], t.start, t.stop)
+            rows = slice(t.start - self.start, t.stop - self.start)
+            return torch.stack((k[:, :, rows], v[:, :, rows])).permute(3, 0, 1, 2, 4).contiguous()
+
         def start_round(step: int, after: _Round | None) -> _Round:
-            # the own shard goes out in round 0 only (a copy, on the compute stream); later rounds forward received
-            # buffers, whose token-major rows are contiguous as they are (no copy, so nothing runs before they arrive)
-            sends = [(t.dst, _rows(held[t.chunk], t.start, t.stop).contiguous(), t.chunk) for t in plan.sends
-                     if t.round == step]
+            sends = [(t.dst, rows_to_send(t), t.chunk) for t in plan.sends if t.round == step]
             receives = [(t.src, b, t.chunk) for t, b in zip(plan.receives, buffers) if t.round == step]
             return links.start(sends, receives, delays[step], after)
 

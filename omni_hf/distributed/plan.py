@@ -9,8 +9,11 @@ need it (`plan_transfers`), in rounds: a rank forwards in round k + 1 what it re
 
 - ``direct``: every range straight from its owner, all in round 0 (one node: NVLink between every pair).
 - ``ring``: ranges travel r -> r + 1 -> ..., each rank taking its part and forwarding what ranks further on need.
-- ``hybrid``: straight to the ranks of the owner's node; across nodes along the owner's rail (the rank of the same
-  local index in each node, its own NIC) as a ring of nodes, each rail rank handing its node's ranks their part.
+- ``hybrid``: straight to the ranks of the owner's node; across nodes as a ring of the nodes that need the range,
+  in ring order, each hop into one rank of the next such node (the owner's rail rank, the same local index and its
+  own NIC, where that rank needs the range, else the node's first that does), which hands the node's other ranks
+  their part and the next node its range: each range crosses into a node once, and every relay uses what it
+  forwards (a rank that only relayed would hold the returns of dK / dV behind its own compute).
 
 The forward runs this plan (`omni_hf.distributed.exchange`); the backward runs it in reverse with dK / dV.
 """
@@ -71,9 +74,9 @@ class Topology:
 
 
 def choose_schedule(topology: Topology) -> str:
-    """The schedule ``"auto"`` runs: ``direct`` inside one node; across nodes ``hybrid`` (each key range crosses the
-    network once per node, on its owner's rail, so every NIC carries its share), or ``ring`` where nodes hold
-    different numbers of ranks (no rails). benchmarks/context_parallel_model.py models each on a row and a topology."""
+    """The schedule ``"auto"`` runs: ``direct`` inside one node; across nodes ``hybrid`` (each key range crosses into
+    a node once, mostly on its owner's rail), or ``ring`` where nodes hold different numbers of ranks (no rails).
+    benchmarks/context_parallel_model.py models each on a row and a topology."""
     if topology.nodes == 1:
         return "direct"
     sizes = np.unique(np.unique(topology.node_of, return_counts=True)[1])
@@ -208,18 +211,17 @@ def _parents(schedule: str, chunk: int, needers: list[int], topology: Topology) 
                          f"{[len(m) for m in members]} ranks")
     node_index = {r: i for i, m in enumerate(members) for r in m}
     home, local = node_index[chunk], members[node_index[chunk]].index(chunk)
-    parents = {}
-    for r in needers:
-        node = node_index[r]
-        if node == home:
-            parents[r] = chunk
+    parents, previous = {}, chunk
+    for hop in range(len(nodes)):  # the owner's node, then the others in ring order
+        here = [r for r in needers if node_index[r] == (home + hop) % len(nodes)]
+        if not here:
             continue
-        rail = members[node][local]
-        if r != rail:
-            parents[r] = rail
-        for hop in range((node - home) % len(nodes), 0, -1):  # the rail back to the chunk's node
-            here = members[(home + hop) % len(nodes)][local]
-            parents[here] = members[(home + hop - 1) % len(nodes)][local]
+        rail = members[(home + hop) % len(nodes)][local]
+        entry = chunk if hop == 0 else rail if rail in here else here[0]
+        if hop:
+            parents[entry] = previous
+        parents.update({r: entry for r in here if r != entry})
+        previous = entry
     return parents
 
 

@@ -80,7 +80,8 @@ def test_pair_spans_are_the_dense_rules_ranges(seed):
 def test_every_schedule_delivers_each_needed_range_from_data_its_sender_holds(seed):
     """Simulated round by round: a transfer's sender holds its range from an earlier round (or owns it), each rank
     receives a chunk once, and ends up holding every key range its queries need; direct sends from the owner in
-    round 0, the ring to the next rank, the hybrid across nodes only between ranks of the owner's rail."""
+    round 0, the ring to the next rank, the hybrid into each node once, to a rank that needs the range (the owner's
+    rail rank where it does)."""
     rng = random.Random(seed)
     doc, grp = (packed_vlm_ids(2, 800, seed, image_range=(10, 80)) if seed % 2 else random_token_ids(2, 800, seed))
     nodes, per_node = rng.choice([1, 2, 4]), rng.choice([1, 2, 3])
@@ -90,15 +91,19 @@ def test_every_schedule_delivers_each_needed_range_from_data_its_sender_holds(se
     topology = Topology(tuple(r // per_node for r in range(shards)))
     for schedule in PAIRED:
         held = {(r, r): (bounds[r], bounds[r + 1], -1) for r in range(shards)}
-        for t in plan_transfers(spans, schedule, topology):
+        transfers = plan_transfers(spans, schedule, topology)
+        for t in transfers:
             start, stop, arrived = held[t.src, t.chunk]
             assert start <= t.start < t.stop <= stop and arrived < t.round, (schedule, t)
             assert (t.dst, t.chunk) not in held, (schedule, t)
             held[t.dst, t.chunk] = t.start, t.stop, t.round
             assert schedule != "direct" or (t.round == 0 and t.src == t.chunk)
             assert schedule != "ring" or t.dst == (t.src + 1) % shards
-            if schedule == "hybrid" and t.src // per_node != t.dst // per_node:
-                assert t.src % per_node == t.dst % per_node == t.chunk % per_node, t
+            if schedule == "hybrid" and t.src // per_node != t.dst // per_node:  # into a node once, to a rank
+                entries = [u for u in transfers if u.chunk == t.chunk and u.dst // per_node == t.dst // per_node]
+                assert spans[t.dst, t.chunk, 1] > spans[t.dst, t.chunk, 0] and entries[0] == t, t  # that needs it
+                rail = t.dst - t.dst % per_node + t.chunk % per_node
+                assert t.dst == rail or spans[rail, t.chunk, 1] == spans[rail, t.chunk, 0], t  # the rail, if it can
         for r in range(shards):
             for chunk in range(shards):
                 q0, q1, k0, k1 = spans[r, chunk]
