@@ -225,4 +225,20 @@ def test_cli_writes_its_json(tmp_path):
                 for w, s in [(1, "one_gpu"), *((w, s) for w in (2, 4) for s in model.SCHEMES)]}
     assert cases == expected
     assert all(0 < r["speedup"] <= r["ranks"] * 1.0001 for r in records)
-    assert "| best |" in (tmp_path / "cost_model.md").read_text()
+    assert "| best built |" in (tmp_path / "cost_model.md").read_text()
+
+
+def test_the_best_schedule_is_the_fastest_predicted_and_never_an_all_gather_over_split_images():
+    """Long documents over 2 nodes of 2 on a slow network: the model's choice is the schedule it predicts fastest;
+    with a cut inside an image, the all-gather (which refuses such cuts) is not a candidate."""
+    doc = np.repeat(np.arange(2), [3000, 1096])
+    grp = np.full_like(doc, -1)
+    grp[1500:1700] = 0
+    hardware = model.Hardware(network_gb_s=1.0)
+    for bounds, candidates in (([0, 1024, 2048, 3072, 4096], set(model.BUILT)),
+                               ([0, 1024, 1600, 3072, 4096], set(model.PAIRED))):
+        best, steps = model.best_schedule(model.LLAMA_3_2_1B, doc, grp, bounds, 2, hardware)
+        assert steps.keys() == candidates and steps[best] == min(steps.values())
+        split = dataclasses.replace(hardware, ranks_per_node=2)
+        for scheme, step in steps.items():
+            assert step == model.predict_step(model.LLAMA_3_2_1B, doc, grp, bounds, scheme, split).step_s
