@@ -11,7 +11,8 @@ need it (`plan_transfers`), in rounds: a rank forwards in round k + 1 what it re
 - ``ring``: ranges travel r -> r + 1 -> ..., each rank taking its part and forwarding what ranks further on need.
 - ``hybrid``: straight to the ranks of the owner's node; across nodes as a ring of the nodes that need the range,
   in ring order, each hop into one rank of the next such node (the owner's rail rank, the same local index and its
-  own NIC, where that rank needs the range, else the node's first that does), which hands the node's other ranks
+  own NIC, where that rank needs the range, else one of those that do, by the owner's local index, so that the
+  ranges of a node's ranks spread over the NICs of the next), which hands the node's other ranks
   their part and the next node its range: each range crosses into a node once, and every relay uses what it
   forwards (a rank that only relayed would hold the returns of dK / dV behind its own compute).
 
@@ -217,7 +218,7 @@ def _parents(schedule: str, chunk: int, needers: list[int], topology: Topology) 
         if not here:
             continue
         rail = members[(home + hop) % len(nodes)][local]
-        entry = chunk if hop == 0 else rail if rail in here else here[0]
+        entry = chunk if hop == 0 else rail if rail in here else here[local % len(here)]  # NICs of several
         if hop:
             parents[entry] = previous
         parents.update({r: entry for r in here if r != entry})
