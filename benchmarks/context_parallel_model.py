@@ -178,7 +178,8 @@ class StepPrediction:
             longer than the block they hide behind, waiting for a slower neighbour's shard.
         kv_bytes: int64 ``[W]``, keys and values held for attention at the rank's peak: those saved for the
             backward in every layer (no checkpointing) plus one layer's transient buffers.
-        ring_steps: steps of the ring (across nodes for the hybrid); 0 without a ring.
+        ring_steps: rounds of a paired schedule's transfers (0: nothing to send); for ``ulysses`` steps of its
+            ring of node shards (0 without one).
     """
 
     scheme: str

@@ -381,7 +381,7 @@ class ContextParallel:
                  if spans[r, s, 1] > spans[r, s, 0]]
         if later:
             raise ValueError(f"schedule: 'all_gather' needs cuts between images, but bounds {self.bounds} split one "
-                             f"(queries of shards {later[0][0]} see keys of shard {later[0][1]}); cut with "
+                             f"(queries of shard {later[0][0]} see keys of shard {later[0][1]}); cut with "
                              "balanced_bounds or use the 'direct', 'ring' or 'hybrid' schedule")
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -335,7 +335,7 @@ def test_all_gather_refuses_cuts_that_split_an_image():
     grp[:, 15:25] = 0
     cp = ContextParallel(doc, grp, (0, 20, 40), 0, schedule="all_gather", topology=Topology((0, 0)))
     with pytest.raises(ValueError, match=r"schedule: 'all_gather' needs cuts between images, but bounds \(0, 20, 40\) "
-                                         r"split one \(queries of shards 0 see keys of shard 1\)"):
+                                         r"split one \(queries of shard 0 see keys of shard 1\)"):
         cp.attention(*(torch.zeros(1, 2, 20, 8) for _ in range(3)))
 
 
