@@ -22,7 +22,7 @@ Writes ``context_parallel_<N>x<gpu>.json`` to ``--out`` (default $OUT, else benc
 longest row on N GPUs over on one (``capacity_ratio_bounds``: the range the search's resolution leaves it in),
 ``imbalance`` = slowest rank's attention time over the ranks' mean, minus 1. ``predicted``: the cost model
 (`benchmarks.context_parallel_model.predict_step`, H100 rates) on the run's first timed row and its cuts — speedup
-and attention imbalance for all-gather (what runs), ring and hybrid — and the longest row by the one-GPU run's
+and attention imbalance for every scheme (the run's own beside the others) — and the longest row by the one-GPU run's
 memory (weights, gradients and optimizer state sharded N ways, activations per token split N ways). A short table
 is printed last.
 """
@@ -203,7 +203,7 @@ def predictions(run: dict, one: dict, args: argparse.Namespace, memory_gib: floa
     activations per token split over the GPUs, on a GPU of ``memory_gib`` (default ``one``'s)."""
     from transformers import LlamaConfig
 
-    from benchmarks.context_parallel_model import Hardware, ModelSizes, predict_step
+    from benchmarks.context_parallel_model import SCHEMES, Hardware, ModelSizes, predict_step
     from omni_hf import OmniCollator
 
     example = importlib.util.spec_from_file_location("context_parallel_example", EXAMPLE)
@@ -216,19 +216,22 @@ def predictions(run: dict, one: dict, args: argparse.Namespace, memory_gib: floa
     doc, grp = (batch[key][0].numpy() for key in ("omni_doc_ids", "omni_group_ids"))
     bounds = np.concatenate([[0], np.cumsum(run["per_rank"]["tokens"])]).tolist()
     sizes, hardware = ModelSizes.from_config(config, args.model), Hardware()
-    alone = predict_step(sizes, doc, grp, 1, "all_gather", hardware).step_s
+    recompute = run.get("checkpointing", True)
+    alone = predict_step(sizes, doc, grp, 1, "all_gather", hardware, recompute).step_s
     schemes = {}
-    for scheme in ("all_gather", "ring", "hybrid"):
-        step = predict_step(sizes, doc, grp, bounds if scheme != "hybrid" else run["gpus"], scheme, hardware)
+    for scheme in SCHEMES:
+        step = predict_step(sizes, doc, grp, bounds if scheme != "ulysses" else run["gpus"], scheme, hardware,
+                            recompute)
         schemes[scheme] = {"speedup": alone / step.step_s,
                            "imbalance": float(step.attention_s.max() / step.attention_s.mean() - 1)}
+    ran = run.get("schedule", "all_gather")  # results of the first design carry no schedule
     static = max(one["per_rank"]["static_memory_gib"])  # the activations' per-token share cancels in the ratio
     usable = args.memory_fraction * (memory_gib or one["memory_gib"])
-    return {"schemes": schemes, "speedup": schemes["all_gather"]["speedup"],
-            "imbalance": schemes["all_gather"]["imbalance"],
+    return {"schemes": schemes, "speedup": schemes[ran]["speedup"], "imbalance": schemes[ran]["imbalance"],
             "capacity_ratio": (usable - static / run["gpus"]) * run["gpus"] / (usable - static),
-            "how": "cost model (predict_step, Hardware() H100 rates) on the first timed row with the run's cuts; "
-                   "capacity by the one-GPU run's memory: static / N + per-token activations over N"}
+            "how": "cost model (predict_step, Hardware() H100 rates, recompute as the run) on the first timed row "
+                   "with the run's cuts, for the run's schedule; capacity by the one-GPU run's memory: static / N + "
+                   "per-token activations over N"}
 
 
 def driver_version() -> str:

@@ -1,14 +1,18 @@
 """Context parallelism: one packed row split across the ranks of a process group, attention exact over the whole row.
 
-Each rank holds a contiguous shard of the row's tokens (queries, and the keys / values they produce). Attention
-all-gathers the keys and values (a differentiable all-gather: its backward reduce-scatters dK / dV back to their
-owners) and runs omni on the shard's queries against the keys that precede the shard's end, with the token rule read
-from the row's ids. That is exact when no bidirectional group (image) straddles a shard boundary: a query then sees
-keys after it only inside its own group, which ends inside its shard, and the keys before the shard's end are the
-keys bottom-right alignment puts before its queries. `balanced_bounds` cuts rows only between groups, and balances the
-shards by work: each query's allowed keys (a VLM row's later tokens see far more keys than its first) plus a cost
-per token for the projections, MLPs and LM head (`token_work_in_pairs`). So the kernels need nothing new: the
-shard's queries are the last ``stop - start`` positions of its keys.
+Each rank holds a contiguous shard of the row's tokens (queries, and the keys / values they produce). In each
+attention layer a rank attends its queries to its own keys and to the key ranges of other shards that they see,
+which the schedule brings while it computes (`omni_hf.distributed.plan`, `omni_hf.distributed.exchange`): each
+(query shard, key shard) pair with an allowed pair is one call with its own typed-block mask
+(`OmniBlockMask.from_token_id_ranges`), empty pairs are skipped, and the calls' outputs merge by their LSE; the
+backward returns dK / dV the same way. So cuts may split an image. ``direct`` (one node), ``ring`` and ``hybrid``
+(across nodes) route the ranges; ``auto`` picks by the topology. The ``all_gather`` schedule, the first design, is
+kept: it all-gathers K and V of the whole row per layer (not overlapped; the backward reduce-scatters dK / dV) and
+attends the shard's queries to the keys before its end, which is exact where no image straddles a cut.
+
+`balanced_bounds` cuts rows between groups and balances the shards by work: each query's allowed keys (a VLM row's
+later tokens see far more keys than its first) plus a cost per token for the projections, MLPs and LM head
+(`token_work_in_pairs`).
 
 With an engine (DDP, FSDP2) the batches are built ahead, in DataLoader workers, and each rank takes its shard there:
 
@@ -22,8 +26,7 @@ With an engine (DDP, FSDP2) the batches are built ahead, in DataLoader workers, 
 ``shard_batch`` hands the model the shard's tokens and positions, labels shifted across shard boundaries
 (``shift_labels``) and ``num_items_in_batch`` = the whole row's count of labelled tokens over the number of ranks, so
 the ranks' losses *average* to the row's loss, as DDP and FSDP average gradients (over a data x context mesh, the
-mean of the rows' losses). Communication: one all-gather of K and V per layer in the forward, one reduce-scatter in
-the backward (docs/performance/context_parallel.md weighs it against a ring past one node).
+mean of the rows' losses). docs/performance/context_parallel.md weighs the schedules.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ import torch.distributed as dist
 
 from ..mask import OmniBlockMask
 from ..ops import omni_attention
+from .exchange import Links, paired_attention, pause
+from .plan import SCHEDULES, RankPlan, Topology, Transfer, choose_schedule, pair_spans, plan_transfers, rank_plan
 
-__all__ = ["ContextParallel", "ContextParallelCollator", "allowed_keys_per_query", "balanced_bounds",
-           "token_work_in_pairs"]
+__all__ = ["SCHEDULES", "ContextParallel", "ContextParallelCollator", "Topology", "allowed_keys_per_query",
+           "balanced_bounds", "token_work_in_pairs"]
 
 
 def allowed_keys_per_query(doc_ids: np.ndarray, group_ids: np.ndarray, window: int | None = None) -> np.ndarray:
@@ -159,25 +164,29 @@ class _AllGather(torch.autograd.Function):
     """``[W * B, ...]``: ``x`` (``[B, ...]``) of every rank of ``group``, joined along dim 0. The backward sums the
     ranks' gradients of each piece on its owner: a reduce-scatter on GPUs; on the CPU an all-reduce that keeps the
     rank's piece (gloo's reduce-scatter is recent). torch's own differentiable all-gather emulates the backward on gloo
-    with scatters that take group ranks for global ones, which fails on the context subgroup of a 2D mesh."""
+    with scatters that take group ranks for global ones, which fails on the context subgroup of a 2D mesh. ``delay_s``:
+    what an emulated link between nodes adds to each collective (`pause`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
+    def forward(ctx, x: torch.Tensor, group, delay_s: float) -> torch.Tensor:
+        ctx.group, ctx.delay_s = group, delay_s
         gathered = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
         _all_gather_single(gathered, x.contiguous(), group=group)
+        pause(delay_s, x.device)
         return gathered
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         world = dist.get_world_size(ctx.group)
         if grad.device.type == "cpu":
             summed = grad.clone(memory_format=torch.contiguous_format)
             dist.all_reduce(summed, group=ctx.group)
-            return summed.chunk(world)[dist.get_rank(ctx.group)], None
-        mine = grad.new_empty((grad.shape[0] // world, *grad.shape[1:]))
-        _reduce_scatter_single(mine, grad.contiguous(), group=ctx.group)
-        return mine, None
+            mine = summed.chunk(world)[dist.get_rank(ctx.group)]
+        else:
+            mine = grad.new_empty((grad.shape[0] // world, *grad.shape[1:]))
+            _reduce_scatter_single(mine, grad.contiguous(), group=ctx.group)
+        pause(ctx.delay_s, grad.device)
+        return mine, None, None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -190,7 +199,15 @@ class ContextParallel:
         rank: this process's rank in ``group``.
         group: the process group of the row's ranks (None: the default group). A shard made in a DataLoader
             worker (`ContextParallelCollator`) has none yet: `to` sets it in the training process.
-        masks: the masks built so far, by sliding window (one build per forward serves every layer).
+        schedule: how attention brings the keys (`SCHEDULES`; ``dataclasses.replace(cp, schedule=...)`` forces one):
+            ``"auto"`` (default) picks by the topology (`choose_schedule`: ``direct`` in one node, else
+            ``hybrid``); ``"all_gather"``: the whole row's K and V gathered per layer, not overlapped (needs cuts
+            between images, as `balanced_bounds` makes); ``"direct"``, ``"ring"``, ``"hybrid"``: only the key ranges
+            that a rank's queries see, sent while it attends (module docstring of `omni_hf.distributed.plan`).
+        topology: the nodes of the group's ranks (None: from torchrun's ``LOCAL_WORLD_SIZE``), or an emulated
+            slow link between nodes of one host (`Topology.emulated`).
+        cache: what is built once per batch and serves every layer: the plans (on the host, kept by `to`) and the
+            masks (per sliding window and device).
     """
 
     doc_ids: torch.Tensor
@@ -198,16 +215,23 @@ class ContextParallel:
     bounds: tuple[int, ...]
     rank: int
     group: Any = None
-    masks: dict = dataclasses.field(default_factory=dict)
+    schedule: str = "auto"
+    topology: Topology | None = None
+    cache: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not 0 <= self.rank < len(self.bounds) - 1:
             raise ValueError(f"rank: expected 0 <= rank < {len(self.bounds) - 1} (the shards of bounds {self.bounds}), "
                              f"got {self.rank}")
+        if self.schedule not in ("auto", *SCHEDULES):
+            raise ValueError(f"schedule: expected 'auto' or one of {SCHEDULES}, got {self.schedule!r}")
+        if self.topology is not None and len(self.topology.node_of) != self.world_size:
+            raise ValueError(f"topology: expected the nodes of the {self.world_size} ranks, got "
+                             f"{len(self.topology.node_of)}")
 
     @classmethod
     def for_batch(cls, doc_ids: torch.Tensor, group_ids: torch.Tensor, group: Any = None,
-                  window: int | None = None, token_cost: float = 0.0) -> ContextParallel:
+                  window: int | None = None, token_cost: float = 0.0, schedule: str = "auto") -> ContextParallel:
         """Split a collator batch's rows (``omni_doc_ids`` / ``omni_group_ids``, the same on every rank of
         ``group``) over ``group``, balanced by `balanced_bounds` (``window``: the sliding window of the model's
         layers, if all have one; ``token_cost``: see there). Reads the ids on the host: in a training loop, build
@@ -217,13 +241,15 @@ class ContextParallel:
                                "(launch with torchrun or accelerate launch)")
         bounds = balanced_bounds(doc_ids.cpu().numpy(), group_ids.cpu().numpy(), dist.get_world_size(group), window,
                                  token_cost)
-        return cls(doc_ids.to(torch.int32), group_ids.to(torch.int32), tuple(bounds), dist.get_rank(group), group)
+        return cls(doc_ids.to(torch.int32), group_ids.to(torch.int32), tuple(bounds), dist.get_rank(group), group,
+                   schedule)
 
     def to(self, device: torch.device | str, group: Any = _KEEP, non_blocking: bool = False) -> ContextParallel:
         """This shard with its ids on ``device`` and, where given, ``group`` as its process group (None: the default
         group). The group must have this shard's number of ranks, and this process this shard's rank in it. Without
         ``group`` the shard keeps its own, unchecked: a loader's device placement (accelerate's ``send_to_device``
-        calls ``.to(device)`` on whatever has one) moves a collator's shard before it is bound."""
+        calls ``.to(device)`` on whatever has one) moves a collator's shard before it is bound. The host's plans stay
+        in the cache, the masks go."""
         check = group is not _KEEP
         group = self.group if group is _KEEP else group
         if check and dist.is_initialized() and (dist.get_world_size(group), dist.get_rank(group)) != (
@@ -233,7 +259,8 @@ class ContextParallel:
                              f"got {dist.get_world_size(group)} ranks with this process as rank "
                              f"{dist.get_rank(group)} (pass the context-parallel group, e.g. mesh['cp'].get_group())")
         doc, grp = (ids.to(device, non_blocking=non_blocking) for ids in (self.doc_ids, self.group_ids))
-        return dataclasses.replace(self, doc_ids=doc, group_ids=grp, group=group, masks={})
+        plans = {key: value for key, value in self.cache.items() if key[0] in ("spans", "plan")}
+        return dataclasses.replace(self, doc_ids=doc, group_ids=grp, group=group, cache=plans)
 
     @property
     def world_size(self) -> int:
@@ -268,38 +295,108 @@ class ContextParallel:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
                   softcap: float | None = None, window: int | None = None) -> torch.Tensor:
-        """omni attention of this shard's queries over the whole row.
+        """omni attention of this shard's queries over the whole row, by `resolved_schedule`.
 
         Args:
             q: ``[B, Hq, stop - start, D]``; k, v: ``[B, Hkv, stop - start, D]``, this rank's keys and values.
         Returns:
             ``[B, Hq, stop - start, D]``, exactly what the whole row's attention gives these queries.
         """
-        keys = self._gather(k)
-        values = self._gather(v)
-        mask = self.mask(q.shape[2], window, q.device)
-        return omni_attention(q, keys, values, mask, scale=scale, softcap=softcap)
+        if q.shape[2] != self.stop - self.start:
+            raise ValueError(f"q: expected this rank's {self.stop - self.start} tokens ({self.start}:{self.stop}), "
+                             f"got {q.shape[2]}")
+        schedule = self.resolved_schedule()
+        if schedule == "all_gather":
+            self._check_gatherable(window)
+            keys, values = self._gather(k), self._gather(v)
+            return omni_attention(q, keys, values, self.mask(q.shape[2], window, q.device), scale=scale,
+                                  softcap=softcap)
+        plan, transfers = self.plan(schedule, window)
+        masks = self._pair_masks(plan, window, q.device)
+        links = self._cached(("links", q.device, self.resolved_topology()),
+                             lambda: Links(self.group, self.resolved_topology(), q.device))
+        return paired_attention(q, k, v, plan, transfers, masks, self.start, links, scale, softcap)
+
+    def resolved_topology(self) -> Topology:
+        """`topology`, or the group's real nodes (`Topology.of_group`)."""
+        return self.topology or self._cached(("topology",), lambda: Topology.of_group(self.group))
+
+    def resolved_schedule(self) -> str:
+        """`schedule`, with ``"auto"`` resolved by `choose_schedule` (one rank: ``direct``, which sends nothing)."""
+        if self.schedule != "auto":
+            return self.schedule
+        return "direct" if self.world_size == 1 else choose_schedule(self.resolved_topology())
+
+    def spans(self, window: int | None = None) -> np.ndarray:
+        """`pair_spans` of the rows at these cuts (on the host, once per window)."""
+        return self._cached(("spans", window), lambda: pair_spans(self.doc_ids.cpu().numpy(),
+                                                                  self.group_ids.cpu().numpy(), self.bounds, window))
+
+    def plan(self, schedule: str | None = None, window: int | None = None) -> tuple[RankPlan, tuple[Transfer, ...]]:
+        """This rank's part of the plan of ``schedule`` (default `resolved_schedule`; not ``all_gather``) and every
+        rank's transfers."""
+        schedule = schedule or self.resolved_schedule()
+        topology = self.resolved_topology() if self.world_size > 1 else Topology((0,))
+
+        def build():
+            transfers = plan_transfers(self.spans(window), schedule, topology)
+            return rank_plan(self.spans(window), transfers, self.rank), transfers
+
+        return self._cached(("plan", window, schedule, topology), build)
+
+    def mask(self, q_len: int, window: int | None, device: torch.device) -> OmniBlockMask:
+        """The mask of this shard's ``q_len`` queries over the row's keys up to its end (the ``all_gather``
+        schedule's; built once per window and device)."""
+        if q_len != self.stop - self.start:
+            raise ValueError(f"q: expected this rank's {self.stop - self.start} tokens ({self.start}:{self.stop}), "
+                             f"got {q_len}")
+
+        def build():
+            doc, grp = (ids[:, :self.stop].to(device) for ids in (self.doc_ids, self.group_ids))
+            return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
+
+        return self._cached(("mask", window, device), build)
+
+    def _pair_masks(self, plan: RankPlan, window: int | None, device: torch.device) -> dict:
+        """The mask of each pair of ``plan`` (`OmniBlockMask.from_token_id_ranges`), built once per window and
+        device."""
+
+        def build():
+            doc, grp = (ids.to(device) for ids in (self.doc_ids, self.group_ids))
+            return {pair: OmniBlockMask.from_token_id_ranges(doc, grp, pair.queries, pair.keys, window=window)
+                    for pair in plan.pairs}
+
+        return self._cached(("pair masks", window, device, plan), build)
+
+    def _cached(self, key: tuple, build):
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
+
+    def _check_gatherable(self, window: int | None) -> None:
+        """The ``all_gather`` schedule attends keys ``0:stop``: refuse cuts that leave a query seeing keys after its
+        shard (an image split by a cut), which only the paired schedules attend."""
+        spans = self.spans(window)
+        later = [(r, s) for r in range(self.world_size) for s in range(r + 1, self.world_size)
+                 if spans[r, s, 1] > spans[r, s, 0]]
+        if later:
+            raise ValueError(f"schedule: 'all_gather' needs cuts between images, but bounds {self.bounds} split one "
+                             f"(queries of shard {later[0][0]} see keys of shard {later[0][1]}); cut with "
+                             "balanced_bounds or use the 'direct', 'ring' or 'hybrid' schedule")
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
         """The keys (or values) of every shard up to this one's end, ``[B, H, stop, D]``: shards padded to the
         longest, all-gathered (`_AllGather`: the backward reduce-scatters the gradients to their owners), trimmed,
-        joined."""
+        joined. Over an emulated link each collective takes a piece's bytes times the other nodes over the link's
+        rate more (each GPU's NIC brings its rail's pieces, as NCCL's rings across nodes do)."""
         longest = max(b - a for a, b in zip(self.bounds, self.bounds[1:]))
         padded = torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[2]))
-        pieces = _AllGather.apply(padded, self.group).chunk(self.world_size)
+        topology = self.resolved_topology()
+        delay = 0.0 if topology.link_gb_s is None else (
+            padded.numel() * padded.element_size() * (topology.nodes - 1) / (topology.link_gb_s * 1e9))
+        pieces = _AllGather.apply(padded, self.group, delay).chunk(self.world_size)
         kept = [piece[:, :, :b - a] for piece, a, b in zip(pieces, self.bounds, self.bounds[1:])][:self.rank + 1]
         return torch.cat(kept, dim=2)
-
-    def mask(self, q_len: int, window: int | None, device: torch.device) -> OmniBlockMask:
-        """The mask of this shard's ``q_len`` queries over the row's keys up to its end (built once per window and
-        device)."""
-        if q_len != self.stop - self.start:
-            raise ValueError(f"q: expected this rank's {self.stop - self.start} tokens ({self.start}:{self.stop}), "
-                             f"got {q_len}")
-        if (window, device) not in self.masks:
-            doc, grp = (ids[:, :self.stop].to(device) for ids in (self.doc_ids, self.group_ids))
-            self.masks[window, device] = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
-        return self.masks[window, device]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +413,8 @@ class ContextParallelCollator:
             this process's rank among them.
         window: the sliding window of every layer, if all have one (balances by the work it leaves).
         token_cost: work per token outside attention, in (q, k) pairs (`token_work_in_pairs`).
+        schedule: the shards' `ContextParallel.schedule`. Their key ranges (`ContextParallel.spans`) are found here,
+            in the worker, for ``window``.
     """
 
     collator: Any
@@ -323,6 +422,7 @@ class ContextParallelCollator:
     rank: int
     window: int | None = None
     token_cost: float = 0.0
+    schedule: str = "auto"
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -330,6 +430,8 @@ class ContextParallelCollator:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size = {self.world_size}, got {self.rank}")
         _check_token_cost(self.token_cost)  # here, not first in a DataLoader worker
+        if self.schedule not in ("auto", *SCHEDULES):
+            raise ValueError(f"schedule: expected 'auto' or one of {SCHEDULES}, got {self.schedule!r}")
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         batch = self.collator(samples)
@@ -340,4 +442,6 @@ class ContextParallelCollator:
                              f"{', '.join(missing)} (keys: {', '.join(sorted(batch))})")
         doc, grp = batch["omni_doc_ids"].to(torch.int32), batch["omni_group_ids"].to(torch.int32)
         bounds = balanced_bounds(doc.numpy(), grp.numpy(), self.world_size, self.window, self.token_cost)
-        return ContextParallel(doc, grp, tuple(bounds), self.rank).shard_batch(batch)
+        shard = ContextParallel(doc, grp, tuple(bounds), self.rank, schedule=self.schedule)
+        shard.spans(self.window)
+        return shard.shard_batch(batch)

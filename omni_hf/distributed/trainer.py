@@ -35,7 +35,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .context_parallel import ContextParallelCollator, token_work_in_pairs
+from .context_parallel import SCHEDULES, ContextParallelCollator, token_work_in_pairs
 
 __all__ = ["ContextParallelMixin"]
 
@@ -57,13 +57,15 @@ class ContextParallelMixin:
         token_cost: float, work per token outside attention in (q, k) pairs, for balancing the shards (default:
             `token_work_in_pairs` of the model's config, 0 where that config has no dense MLP).
         window: int, the sliding window of every layer if all have one (balances by the work it leaves).
+        schedule: str, how attention brings other shards' keys (`ContextParallel.schedule`; default ``"auto"``).
 
     Attributes set: ``cp_size``, ``cp_rank``, ``dp_size``, ``dp_rank`` (ints), ``cp_group`` (the row's process
     group), ``device_mesh``.
     """
 
     def __init__(self, *args: Any, cp_size: int | None = None, device_mesh: Any = None,
-                 token_cost: float | None = None, window: int | None = None, **kwargs: Any):
+                 token_cost: float | None = None, window: int | None = None, schedule: str = "auto",
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         world = self.args.world_size
         if device_mesh is not None:
@@ -81,9 +83,11 @@ class ContextParallelMixin:
         if not isinstance(cp_size, int) or cp_size < 1 or world % cp_size:
             raise ValueError(f"cp_size: expected a divisor of the world size {world} (ranks sharing a row), "
                              f"got {cp_size!r}")
+        if schedule not in ("auto", *SCHEDULES):
+            raise ValueError(f"schedule: expected 'auto' or one of {SCHEDULES}, got {schedule!r}")
         self._check_loss_is_exact()
         self.cp_size, self.dp_size = cp_size, world // cp_size
-        self.window = window
+        self.window, self.schedule = window, schedule
         if token_cost is None:
             try:
                 token_cost = token_work_in_pairs(self.model.config)
@@ -139,7 +143,8 @@ class ContextParallelMixin:
             return super().get_train_dataloader()
         collator = self.data_collator
         self.data_collator = ContextParallelCollator(collator, world_size=self.cp_size, rank=self.cp_rank,
-                                                     window=self.window, token_cost=self.token_cost)
+                                                     window=self.window, token_cost=self.token_cost,
+                                                     schedule=self.schedule)
         try:
             loader = super().get_train_dataloader()
         finally:

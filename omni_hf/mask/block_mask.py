@@ -28,7 +28,12 @@ from .dense import classify_rows, empty_pool
 from .key_padding import key_padding_table
 from .lists import block_lists, table_from_lists
 from .spans import token_ids_from_spans
-from .token_blocks import classify_token_blocks, implicit_block_table
+from .token_blocks import (
+    classify_token_blocks,
+    classify_token_range_blocks,
+    implicit_block_table,
+    token_range_patterns,
+)
 from .token_ranges import token_ranges
 from .token_rule import MaskMod, token_mask_mod
 from .types import CAUSAL, FULL, PARTIAL, BlockType, MaskKind, block_size_pair
@@ -36,6 +41,7 @@ from .validation import check_sizes, check_token_ids, check_window, describe_val
 
 __all__ = ["BlockLists", "OmniBlockMask", "TokenRule"]
 
+_PATTERN_TILES = 256  # PARTIAL blocks whose patterns `from_token_id_ranges` evaluates at once
 _PICTURE = {BlockType.MASKED: ".", BlockType.FULL: "F", BlockType.CAUSAL: "C", BlockType.PARTIAL: "P"}
 
 
@@ -226,6 +232,52 @@ class OmniBlockMask:
         rule = TokenRule(doc_ids, group_ids, token_ranges(doc_ids, group_ids, window))
         return cls.from_block_table(types[:, None], None, pool, q_len=q_len, kv_len=kv_len,
                                     block_size=(block_q, block_kv), token_rule=rule, window=window)
+
+    @classmethod
+    def from_token_id_ranges(
+        cls,
+        doc_ids: torch.Tensor,
+        group_ids: torch.Tensor | None,
+        queries: tuple[int, int],
+        keys: tuple[int, int],
+        *,
+        block_size: int | tuple[int, int] = 128,
+        window: int | None = None,
+    ) -> OmniBlockMask:
+        """The token rule of the queries at positions ``queries[0]:queries[1]`` of rows ``[B, S]`` over the keys at
+        ``keys[0]:keys[1]``, any two ranges of the row (a context-parallel rank's queries against another rank's
+        keys): ``q_len`` and ``kv_len`` are the ranges' lengths, and row i / key j of the mask are positions
+        ``queries[0] + i`` / ``keys[0] + j``.
+
+        Where the keys end with the queries (``keys[1] == queries[1]``, ``keys[0] <= queries[0]``) this is
+        `from_token_ids` of the keys' ids. Elsewhere bottom-right alignment does not hold, so the blocks are typed
+        from block summaries (`classify_token_range_blocks`: FULL, masked, or PARTIAL, never CAUSAL) and each PARTIAL
+        block's pattern is evaluated from the ids into the pool: O(partial blocks x block_q x block_kv), nothing of
+        size S x S; one host sync (the number of PARTIAL blocks).
+        """
+        block_q, block_kv = block_size_pair(block_size)
+        doc_ids, group_ids = check_token_ids(doc_ids, group_ids)
+        check_window(window)
+        length = doc_ids.shape[1]
+        for name, span in (("queries", queries), ("keys", keys)):
+            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(x, int) for x in span)
+                    or not 0 <= span[0] < span[1] <= length):
+                raise ValueError(f"{name}: expected positions (start, stop) with 0 <= start < stop <= {length} (the "
+                                 f"rows' length), got {span!r}")
+        (q_start, q_stop), (k_start, k_stop) = queries, keys
+        if k_stop == q_stop and k_start <= q_start:
+            return cls.from_token_ids(doc_ids[:, k_start:k_stop], group_ids[:, k_start:k_stop], q_len=q_stop - q_start,
+                                      block_size=(block_q, block_kv), window=window)
+        types = classify_token_range_blocks(doc_ids, group_ids, queries, keys, block_q, block_kv, window)
+        tiles = (types == PARTIAL).nonzero()
+        words = [dense.pack_patterns(token_range_patterns(doc_ids, group_ids, part, queries, keys, block_q, block_kv,
+                                                          window), block_q, block_kv)
+                 for part in tiles.split(_PATTERN_TILES)]
+        pool, pool_ids = dense.dedupe_words(torch.cat(words), block_q, block_kv, doc_ids.device)
+        partial = torch.full(types.shape, -1, dtype=torch.int32, device=doc_ids.device)
+        partial[tiles[:, 0], tiles[:, 1], tiles[:, 2]] = pool_ids.to(torch.int32)
+        return cls.from_block_table(types[:, None], partial[:, None], pool, q_len=q_stop - q_start,
+                                    kv_len=k_stop - k_start, block_size=(block_q, block_kv), window=window)
 
     @classmethod
     def from_key_padding(

@@ -9,7 +9,7 @@ import torch
 
 from .types import CAUSAL, FULL, MASKED, PARTIAL
 
-__all__ = ["classify_rows", "empty_pool", "pack_patterns"]
+__all__ = ["classify_rows", "dedupe_words", "empty_pool", "pack_patterns"]
 
 DENSE_CHUNK_ELEMENTS = 1 << 24  # mask elements of one row chunk when a dense mask is evaluated
 
@@ -41,7 +41,7 @@ def classify_rows(rows: RowFunction, batch: int, heads: int, q_len: int, kv_len:
         words.append(pack_patterns(p, block_q, block_kv))
         count += p.shape[0]
     types, pattern_ids = torch.cat(types, dim=2), torch.cat(pattern_ids, dim=2)
-    pool, pool_ids = _dedupe_words(torch.cat(words), block_q, block_kv, device)
+    pool, pool_ids = dedupe_words(torch.cat(words), block_q, block_kv, device)
     partial = torch.full(types.shape, -1, dtype=torch.int32, device=device)
     pooled = pattern_ids >= 0
     partial[pooled] = pool_ids[pattern_ids[pooled]].to(torch.int32)
@@ -88,7 +88,7 @@ def pack_patterns(patterns: torch.Tensor, block_q: int, block_kv: int) -> torch.
     return (bits * weights).sum(-1).to(torch.int32).view(patterns.shape[0], block_q * block_kv // 32)
 
 
-def _dedupe_words(words: torch.Tensor, block_q, block_kv, device) -> tuple[torch.Tensor, torch.Tensor]:
+def dedupe_words(words: torch.Tensor, block_q, block_kv, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Deduplicate packed patterns ``[n, block_q * block_kv // 32]``.
 
     Returns the pool int32 ``[P, block_q, block_kv // 32]`` and each pattern's pool id int64 ``[n]``.

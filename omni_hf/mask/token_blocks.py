@@ -8,23 +8,26 @@ import torch
 
 from .types import CAUSAL, FULL, MASKED, PARTIAL, MaskKind, block_type
 
-__all__ = ["BlockPositions", "classify_token_blocks", "implicit_block_table"]
+__all__ = ["BlockPositions", "classify_token_blocks", "classify_token_range_blocks", "implicit_block_table",
+           "token_range_patterns"]
 
 INT32_MAX = torch.iinfo(torch.int32).max
 
 
 class BlockPositions:
     """Absolute first / last positions of every Q block and KV block, as broadcastable ``[nQ, nK]``
-    comparisons (query positions bottom-right aligned)."""
+    comparisons. Queries start at position ``q_offset`` (default ``kv_len - q_len``: bottom-right aligned), keys
+    at ``k_offset``."""
 
-    def __init__(self, q_len: int, kv_len: int, block_q: int, block_kv: int, device: torch.device):
-        offset = kv_len - q_len
+    def __init__(self, q_len: int, kv_len: int, block_q: int, block_kv: int, device: torch.device,
+                 q_offset: int | None = None, k_offset: int = 0):
+        offset = kv_len - q_len if q_offset is None else q_offset
         q_start = torch.arange(0, q_len, block_q, dtype=torch.int32, device=device)
         k_start = torch.arange(0, kv_len, block_kv, dtype=torch.int32, device=device)
         self.q_first = (q_start + offset)[:, None]
         self.q_last = ((q_start + block_q).clamp(max=q_len) - 1 + offset)[:, None]
-        self.k_first = k_start[None, :]
-        self.k_last = ((k_start + block_kv).clamp(max=kv_len) - 1)[None, :]
+        self.k_first = k_start[None, :] + k_offset
+        self.k_last = ((k_start + block_kv).clamp(max=kv_len) - 1)[None, :] + k_offset
         self.all_before = self.k_last <= self.q_first  # every key at or before every query
         self.all_after = self.k_first > self.q_last  # every key after every query
 
@@ -75,6 +78,23 @@ def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.T
     pos = BlockPositions(q_len, kv_len, block_q, block_kv, doc.device)
     qs = _TokenSummary(doc[:, kv_len - q_len:], grp[:, kv_len - q_len:], block_q, side=0)
     ks = _TokenSummary(doc, grp, block_kv, side=1)
+    return _classify(qs, ks, pos, window, causal=True)
+
+
+def classify_token_range_blocks(doc, grp, queries: tuple[int, int], keys: tuple[int, int], block_q, block_kv,
+                                window) -> torch.Tensor:
+    """int8 block types ``[B, nQ, nK]`` of the token rule for the queries at positions ``queries[0]:queries[1]`` of
+    rows ``[B, S]`` over the keys at ``keys[0]:keys[1]`` (any two ranges). Sound as `classify_token_blocks`, but
+    never CAUSAL: the kernels' CAUSAL and token-rule tests align queries bottom-right, which these need not be."""
+    (q_start, q_stop), (k_start, k_stop) = queries, keys
+    pos = BlockPositions(q_stop - q_start, k_stop - k_start, block_q, block_kv, doc.device, q_start, k_start)
+    qs = _TokenSummary(doc[:, q_start:q_stop], grp[:, q_start:q_stop], block_q, side=0)
+    ks = _TokenSummary(doc[:, k_start:k_stop], grp[:, k_start:k_stop], block_kv, side=1)
+    return _classify(qs, ks, pos, window, causal=False)
+
+
+def _classify(qs: _TokenSummary, ks: _TokenSummary, pos: BlockPositions, window, causal: bool) -> torch.Tensor:
+    """The block types of query and key block summaries at ``pos`` (CAUSAL claimed only where ``causal``)."""
 
     def q(name):
         return getattr(qs, name)[:, :, None]
@@ -93,8 +113,25 @@ def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.T
         window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
     masked = ~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap)
     full = one_doc & ((pos.all_before & window_holds) | one_group)
-    causal = one_doc & window_holds & ~groups_overlap
-    return block_type(masked, full, causal)
+    claim_causal = one_doc & window_holds & ~groups_overlap if causal else torch.zeros_like(full)
+    return block_type(masked, full, claim_causal)
+
+
+def token_range_patterns(doc, grp, tiles: torch.Tensor, queries: tuple[int, int], keys: tuple[int, int],
+                         block_q: int, block_kv: int, window) -> torch.Tensor:
+    """bool ``[n, block_q, block_kv]``: the token rule on each tile ``(b, q block, k block)`` of ``tiles`` (int64
+    ``[n, 3]``) of the queries ``queries[0]:queries[1]`` over the keys ``keys[0]:keys[1]`` of rows ``[B, S]``; rows
+    and columns past the ranges are False."""
+    (q_start, q_stop), (k_start, k_stop) = queries, keys
+    row = q_start + tiles[:, 1, None] * block_q + torch.arange(block_q, device=tiles.device)  # [n, block_q]
+    col = k_start + tiles[:, 2, None] * block_kv + torch.arange(block_kv, device=tiles.device)  # [n, block_kv]
+    valid = (row < q_stop)[:, :, None] & (col < k_stop)[:, None, :]
+    batch = tiles[:, :1]
+    q_doc, q_grp = (ids[batch, row.clamp(max=q_stop - 1)][:, :, None] for ids in (doc, grp))
+    k_doc, k_grp = (ids[batch, col.clamp(max=k_stop - 1)][:, None, :] for ids in (doc, grp))
+    back = row[:, :, None] - col[:, None, :]
+    near = (back >= 0) if window is None else (back >= 0) & (back < window)
+    return valid & (q_doc >= 0) & (q_doc == k_doc) & (near | ((q_grp >= 0) & (q_grp == k_grp)))
 
 
 def implicit_block_table(kind: MaskKind, q_len: int, kv_len: int, block_q: int, block_kv: int,

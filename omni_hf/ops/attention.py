@@ -138,6 +138,23 @@ def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise
 
 
+def forward_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a prepared call outside autograd, for callers that run their own backward
+    (`backward_call`): context parallelism merges the calls of several key blocks by their LSE."""
+    return _forward(q, k, v, None, None, *call)
+
+
+def backward_call(call: PreparedCall, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a prepared call given ``out`` ``[B, Hq, Sq, D]`` and float32 ``lse`` ``[B, Hq, Sq]``. They may
+    be those of a larger softmax that this call's keys are part of (the merged output and LSE of several key blocks):
+    the gradients are then this block's share of that softmax's, exactly (FlashAttention's backward)."""
+    dq, dk, dv, _, _ = _backward(call.backend, dout, q, k, v, out, lse, None, False, None, False, call.mask_tensors,
+                                 call.mask_sizes, call.scale, call.softcap)
+    return dq, dk, dv
+
+
 # ---------------------------------------------------------------------- backends
 
 _CUDA, _REFERENCE = "cuda", "reference"

@@ -177,9 +177,11 @@ def test_the_collator_gives_each_rank_the_shard_of_the_whole_batch(world_size):
 
 def test_a_shard_moves_and_takes_its_group():
     doc, grp = packed_ids(0)
-    cp = ContextParallel(doc, grp, (0, 300, LENGTH), 1, masks={"stale": 1})
+    cp = ContextParallel(doc, grp, (0, 300, LENGTH), 1, cache={("mask", None, "cpu"): 1})
+    spans = cp.spans()
     moved = cp.to("cpu", group="the row's group")
-    assert moved.group == "the row's group" and moved.masks == {} and moved.bounds == cp.bounds
+    assert moved.group == "the row's group" and moved.bounds == cp.bounds
+    assert moved.cache.keys() == {("spans", None)} and moved.spans() is spans  # the host's plan stays, masks go
     assert moved.to("cpu").group == "the row's group"  # no group given: the shard keeps its own
     assert pickle.loads(pickle.dumps(cp)).bounds == cp.bounds
 

@@ -61,6 +61,13 @@ def test_a_loss_that_would_not_be_the_rows_is_refused(kwargs, extra, message):
                   data_collator=pack(), cp_size=1, **extra)
 
 
+def test_a_schedule_of_another_name_is_refused():
+    with pytest.raises(ValueError, match=r"schedule: expected 'auto' or one of \('all_gather', 'direct', 'ring', "
+                                         r"'hybrid'\), got 'gather'"):
+        CPTrainer(model=tiny_llama(), args=training_args(), train_dataset=samples(8, 100), data_collator=pack(),
+                  cp_size=1, schedule="gather")
+
+
 def test_a_model_without_omni_attention_is_refused():
     model = tiny_llama()
     model.set_attn_implementation("eager")

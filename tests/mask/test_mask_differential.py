@@ -18,7 +18,7 @@ from torch.nn.attention import flex_attention as flex
 from transformers import masking_utils as hf
 
 import omni_hf.mask.dense as dense_module
-from omni_hf import OmniBlockMask, omni_attention
+from omni_hf import BlockType, OmniBlockMask, omni_attention
 from omni_hf.data import OmniCollator
 from omni_hf.integrations.transformers import omni_attention_forward, omni_mask
 from omni_hf.integrations.transformers.layer_mask import layer_mask
@@ -127,6 +127,38 @@ def test_from_token_ids_equals_the_token_rule_with_batch_padding_images_and_wind
     full_grp = torch.full_like(full_doc, -1) if grp is None else grp.expand(3, -1)
     assert mask.batch == 3
     assert_mask_is(mask, token_rule_dense(full_doc, full_grp, q_len, window), seed=seed)
+
+
+@SETTINGS
+@given(st.integers(0, 2**31 - 1), st.sampled_from(BLOCKS), st.data())
+def test_from_token_id_ranges_equals_the_token_rule_of_those_positions(seed, blocks, data):
+    """Any query range over any key range of rows of batch 3 (before, after, overlapping, inside each other, and
+    the keys ending with the queries, where it is `from_token_ids`), with windows: the token rule's rows and
+    columns at those positions. Off the bottom-right alignment no block claims CAUSAL."""
+    length = data.draw(st.integers(2, 700), "length")
+    queries = tuple(sorted(data.draw(st.lists(st.integers(0, length), min_size=2, max_size=2, unique=True))))
+    keys = tuple(sorted(data.draw(st.lists(st.integers(0, length), min_size=2, max_size=2, unique=True))))
+    if data.draw(st.booleans(), "keys end with the queries"):
+        keys = (min(keys[0], queries[0]), queries[1])
+    window = data.draw(st.one_of(st.none(), st.integers(1, 300)), "window")
+    doc, grp = random_token_ids(3, length, seed)
+    mask = OmniBlockMask.from_token_id_ranges(doc, grp, queries, keys, block_size=blocks, window=window)
+    rule = token_rule_dense(doc, grp, length, window)[..., queries[0]:queries[1], keys[0]:keys[1]]
+    assert_mask_is(mask, rule, seed=seed)
+    aligned = keys[1] == queries[1]
+    assert aligned == (mask.token_rule is not None)
+    assert aligned or not (mask.block_table()[0] == BlockType.CAUSAL).any()
+
+
+@pytest.mark.parametrize("queries, keys, message", [
+    ((5, 5), (0, 4), r"queries: expected positions \(start, stop\) with 0 <= start < stop <= 40 .*got \(5, 5\)"),
+    ((0, 8), (30, 41), r"keys: expected positions \(start, stop\) with 0 <= start < stop <= 40 .*got \(30, 41\)"),
+    ((0, 8), [1.0, 3], r"keys: expected positions .*got \[1.0, 3\]"),
+])
+def test_from_token_id_ranges_refuses_ranges_outside_the_rows(queries, keys, message):
+    doc = torch.zeros(2, 40, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        OmniBlockMask.from_token_id_ranges(doc, None, queries, keys)
 
 
 @st.composite
