@@ -6,9 +6,10 @@ which the schedule brings while it computes (`omni_hf.distributed.plan`, `omni_h
 (query shard, key shard) pair with an allowed pair is one call with its own typed-block mask
 (`OmniBlockMask.from_token_id_ranges`), empty pairs are skipped, and the calls' outputs merge by their LSE; the
 backward returns dK / dV the same way. So cuts may split an image. ``direct`` (one node), ``ring`` and ``hybrid``
-(across nodes) route the ranges; ``auto`` picks by the topology. The ``all_gather`` schedule, the first design, is
-kept: it all-gathers K and V of the whole row per layer (not overlapped; the backward reduce-scatters dK / dV) and
-attends the shard's queries to the keys before its end, which is exact where no image straddles a cut.
+(across nodes) route the ranges; ``auto`` picks by the topology and the cuts (`choose_schedule`). The ``all_gather``
+schedule, the first design, is kept (in one node, where it can run, ``auto`` takes it): it all-gathers K and V of
+the whole row per layer (not overlapped; the backward reduce-scatters dK / dV) and attends the shard's queries to
+the keys before its end, which is exact where no image straddles a cut.
 
 `balanced_bounds` cuts rows between groups and balances the shards by work: each query's allowed keys (a VLM row's
 later tokens see far more keys than its first) plus a cost per token for the projections, MLPs and LM head
@@ -325,7 +326,9 @@ class ContextParallel:
         """`schedule`, with ``"auto"`` resolved by `choose_schedule` (one rank: ``direct``, which sends nothing)."""
         if self.schedule != "auto":
             return self.schedule
-        return "direct" if self.world_size == 1 else choose_schedule(self.resolved_topology())
+        if self.world_size == 1:
+            return "direct"
+        return choose_schedule(self.resolved_topology(), gatherable=self._later_pair(None) is None)
 
     def spans(self, window: int | None = None) -> np.ndarray:
         """`pair_spans` of the rows at these cuts (on the host, once per window)."""
@@ -376,13 +379,17 @@ class ContextParallel:
     def _check_gatherable(self, window: int | None) -> None:
         """The ``all_gather`` schedule attends keys ``0:stop``: refuse cuts that leave a query seeing keys after its
         shard (an image split by a cut), which only the paired schedules attend."""
-        spans = self.spans(window)
-        later = [(r, s) for r in range(self.world_size) for s in range(r + 1, self.world_size)
-                 if spans[r, s, 1] > spans[r, s, 0]]
-        if later:
+        later = self._later_pair(window)
+        if later is not None:
             raise ValueError(f"schedule: 'all_gather' needs cuts between images, but bounds {self.bounds} split one "
-                             f"(queries of shard {later[0][0]} see keys of shard {later[0][1]}); cut with "
+                             f"(queries of shard {later[0]} see keys of shard {later[1]}); cut with "
                              "balanced_bounds or use the 'direct', 'ring' or 'hybrid' schedule")
+
+    def _later_pair(self, window: int | None) -> tuple[int, int] | None:
+        """A (query shard, later key shard) pair with an allowed pair (an image split by a cut), or None."""
+        spans = self.spans(window)
+        return next(((r, s) for r in range(self.world_size) for s in range(r + 1, self.world_size)
+                     if spans[r, s, 1] > spans[r, s, 0]), None)
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
         """The keys (or values) of every shard up to this one's end, ``[B, H, stop, D]``: shards padded to the

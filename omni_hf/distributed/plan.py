@@ -74,12 +74,14 @@ class Topology:
         return len(set(self.node_of))
 
 
-def choose_schedule(topology: Topology) -> str:
-    """The schedule ``"auto"`` runs: ``direct`` inside one node; across nodes ``hybrid`` (each key range crosses into
-    a node once, mostly on its owner's rail), or ``ring`` where nodes hold different numbers of ranks (no rails).
-    benchmarks/context_parallel_model.py models each on a row and a topology."""
+def choose_schedule(topology: Topology, gatherable: bool = False) -> str:
+    """The schedule ``"auto"`` runs. Inside one node ``all_gather`` where the cuts split no image (``gatherable``:
+    on four H100s over NVLink it ran 5% faster than ``direct``, whose per-pair calls cost more than its overlap hides
+    there; benchmarks/results/context_parallel/README.md), else ``direct``; across nodes ``hybrid`` (each key range
+    crosses into a node once, mostly on its owner's rail), or ``ring`` where nodes hold different numbers of ranks (no
+    rails). benchmarks/context_parallel_model.py models each on a row and a topology."""
     if topology.nodes == 1:
-        return "direct"
+        return "all_gather" if gatherable else "direct"
     sizes = np.unique(np.unique(topology.node_of, return_counts=True)[1])
     return "hybrid" if len(sizes) == 1 else "ring"
 

@@ -135,6 +135,8 @@ def test_topologies_and_the_automatic_choice():
     assert Topology.emulated(4, 2).node_of == (0, 0, 1, 1) and Topology.emulated(4, 2).link_gb_s == 45.0
     assert Topology.emulated(4, 1).link_gb_s is None  # one node: nothing to emulate
     assert choose_schedule(Topology((0, 0, 0))) == "direct"
+    assert choose_schedule(Topology((0, 0, 0)), gatherable=True) == "all_gather"
+    assert choose_schedule(Topology((0, 0, 1, 1)), gatherable=True) == "hybrid"
     assert choose_schedule(Topology((0, 0, 1, 1))) == "hybrid"
     assert choose_schedule(Topology((0, 0, 0, 1))) == "ring"  # no rails
     with pytest.raises(ValueError, match="nodes: expected a divisor of the 4 ranks, got 3"):
