@@ -65,8 +65,13 @@ def _id_summary(ids: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tenso
     return least, greatest, torch.where(single, greatest, unique)
 
 
-def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.Tensor:
+def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window, window_covers_groups=False) -> torch.Tensor:
     """int8 block types ``[B, nQ, nK]`` of the token rule, from block summaries (nothing S x S).
+
+    Args:
+        doc, grp: int32 ``[B, kv_len]`` ids; q_len: the queries are the last ``q_len`` positions; block_q, block_kv:
+            block sizes; window: None or > 0; window_covers_groups: whether the window cuts group pairs too
+            (`omni_hf.mask.token_rule`).
 
     Sound: FULL and CAUSAL are claimed only where they hold for every in-range pair, MASKED only
     where no pair is allowed; the rest is PARTIAL and the kernel applies the token rule there.
@@ -93,6 +98,9 @@ def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.T
         window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
     masked = ~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap)
     full = one_doc & ((pos.all_before & window_holds) | one_group)
+    if window is not None and window_covers_groups:  # no pair of a group is seen outside the window either
+        masked = masked | window_fails
+        full = full & window_holds
     causal = one_doc & window_holds & ~groups_overlap
     return block_type(masked, full, causal)
 

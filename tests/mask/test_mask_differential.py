@@ -28,6 +28,7 @@ from tests.helpers.brute_force import (
     causal_dense,
     flex_dense,
     naive_attention,
+    packed_vlm_ids,
     placed_samples_dense,
     random_token_ids,
     relative_error,
@@ -127,6 +128,28 @@ def test_from_token_ids_equals_the_token_rule_with_batch_padding_images_and_wind
     full_grp = torch.full_like(full_doc, -1) if grp is None else grp.expand(3, -1)
     assert mask.batch == 3
     assert_mask_is(mask, token_rule_dense(full_doc, full_grp, q_len, window), seed=seed)
+
+
+@SETTINGS
+@given(st.integers(0, 2**31 - 1), st.sampled_from(BLOCKS), st.sampled_from(["same", "doc 1", "group 1"]), st.data())
+def test_from_token_ids_with_the_window_over_groups_equals_its_definition_and_lists_no_block_past_the_window(
+        seed, blocks, ids_batch, data):
+    """``window_covers_groups``: batch 3 (ids of batch 1 broadcast now and then), groups of up to 300 keys against
+    windows shorter and longer than them, q_len < kv_len and q_len = 1. Every pair is exact (so FULL, CAUSAL and
+    MASKED claims hold), and no listed block lies wholly further back than the window: the window saves its blocks."""
+    kv_len = data.draw(st.integers(1, 900), "kv_len")
+    q_len = data.draw(st.one_of(st.just(kv_len), st.just(1), st.integers(1, kv_len)), "q_len")
+    window = data.draw(st.integers(1, 400), "window")
+    doc, grp = random_token_ids(3, kv_len, seed)
+    doc, grp = (doc[:1] if ids_batch == "doc 1" else doc), (grp[:1] if ids_batch == "group 1" else grp)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=blocks, window=window,
+                                        window_covers_groups=True)
+    assert mask.batch == 3 and mask.window_covers_groups
+    assert_mask_is(mask, token_rule_dense(doc.expand(3, -1), grp.expand(3, -1), q_len, window, True), seed=seed)
+    types, _ = mask.block_table()
+    qb, kb = torch.nonzero(types.amax((0, 1)), as_tuple=True)  # blocks listed in any batch row
+    nearest_gap = (qb * blocks[0] + kv_len - q_len) - torch.clamp((kb + 1) * blocks[1], max=kv_len) + 1
+    assert bool((nearest_gap < window).all()), "a block wholly past the window is listed"
 
 
 @st.composite
@@ -688,6 +711,36 @@ def test_reference_matches_float64_softmax_across_row_chunks_with_gqa_and_empty_
     if kind == "token rule with padding":
         assert (~live).any(), "the first query row is padding"
     assert_structural_zeros(out, lse, grads, allowed, heads_kv)
+
+
+@pytest.mark.parametrize("blocks", [(64, 64), (128, 128), (64, 128)])
+@pytest.mark.parametrize("q_len", [1, 150, 333])
+def test_reference_with_the_window_over_groups_matches_float64_softmax(blocks, q_len, monkeypatch):
+    """The reference under a ``window_covers_groups`` mask (window 45 against images of 50 to 200 keys in packed
+    documents, a padding row, GQA 4:2, batch 2, q_len <= kv_len 333 across blocks and the reference's row chunks)
+    against float64 softmax under the brute-force rule."""
+    seed = 77 + q_len + blocks[0] + 2 * blocks[1]
+    doc, grp = packed_vlm_ids(2, 333, seed, doc_range=(60, 250), text_range=(1, 40), image_range=(50, 200),
+                              padded=False)
+    if q_len > 1:
+        doc[:, 333 - q_len] = -1  # the first query row is padding
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=blocks, window=45, window_covers_groups=True)
+    allowed = token_rule_dense(doc, grp, q_len, 45, window_covers_groups=True)
+    assert not torch.equal(allowed, token_rule_dense(doc, grp, q_len, 45)), "the groups should outreach the window"
+    q, k, v, dout = random_inputs(2, 4, 2, q_len, 333, 32, seed)
+    shrink_reference_chunks(monkeypatch, 13, 2, 4, 333)
+    out, lse = reference.attention_forward(q, k, v, mask, 0.2)
+    grads = reference.attention_backward(dout, q, k, v, out, lse, mask, 0.2)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    gold, gold_lse = naive_attention(*leaves, allowed, 0.2)
+    gold.backward(dout)
+    live = torch.isfinite(gold_lse)
+    assert live.sum() >= q_len, "most rows should see keys"
+    assert relative_error(out, gold) < 1e-12
+    assert relative_error(lse[live], gold_lse[live]) < 1e-7
+    for name, grad, leaf in zip(("dq", "dk", "dv"), grads, leaves):
+        assert relative_error(grad, leaf.grad) < 1e-6, name
+    assert_structural_zeros(out, lse, grads, allowed, 2)
 
 
 @pytest.mark.parametrize("case", attention_cases()[::2], ids=attention_case_id)
