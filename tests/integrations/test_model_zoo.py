@@ -452,9 +452,8 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
 
 
 def gemma4_config(window: int = 3):
-    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts
-    into them); global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked
-    attention)."""
+    """Sliding layers of ``window`` (3: shorter than an image or a video frame, so the window cuts into them);
+    global layers at head dim 32; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked attention)."""
     text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
                        sliding_window=window, layer_types=["sliding_attention", "full_attention"],
@@ -469,21 +468,22 @@ def gemma4_config(window: int = 3):
                         eoa_token_index=EOA, audio_token_id=AUDIO, tie_word_embeddings=False)
 
 
-def gemma4_patches(frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pixel patches ``[frames, 16, 48]`` of 4 x 4 patches (4 tokens after pooling) and their (x, y) positions."""
-    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+def gemma4_patches(frames: int, seed: int, width: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel patches ``[frames, 4 * width, 48]`` of 4 x ``width`` patches (``width`` tokens after pooling) and their
+    (x, y) positions."""
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(width), indexing="ij")
     positions = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(frames, -1, -1)
-    return randn(frames, 16, 48, seed=seed), positions
+    return randn(frames, 4 * width, 48, seed=seed), positions
 
 
 def gemma4_batch(rows: int) -> dict:
-    """Row 0: an image and an audio clip (4 tokens each); row 1, padded 4 on the left: a video of two frames (4
+    """Row 0: an image of 6 tokens and an audio clip of 4; row 1, padded 4 on the left: a video of two frames (4
     tokens each, a timestamp token between them). ``rows`` 1 keeps row 0 alone."""
     ids = text(2, 30, seed=30)
-    ids[0, 2:8] = torch.tensor([BOI] + [IMAGE] * 4 + [EOI])
-    ids[0, 10:16] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    ids[0, 2:10] = torch.tensor([BOI] + [IMAGE] * 6 + [EOI])
+    ids[0, 12:18] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
     ids[1, 5:11] = ids[1, 12:18] = torch.tensor([BOI] + [VIDEO] * 4 + [EOI])
-    pixel_values, image_position_ids = gemma4_patches(1, seed=31)
+    pixel_values, image_position_ids = gemma4_patches(1, seed=31, width=6)
     inputs = dict(input_ids=ids, attention_mask=padding([30, 26], 30, left=True), pixel_values=pixel_values,
                   image_position_ids=image_position_ids, input_features=randn(1, 16, 8, seed=33),
                   input_features_mask=torch.ones(1, 16, dtype=torch.bool))
@@ -512,22 +512,37 @@ def mask_paths():
         yield paths
 
 
-@pytest.mark.parametrize("window, paths", [
-    (4, {"token rule": 2}),  # sliding layers: the token rule with the window, exact as no group is longer
-    (3, {"token rule": 1, "tile by tile": 1}),  # the window cuts into images: Transformers' mask, tile by tile
-], ids=["window-spares-images", "window-cuts-images"])
+@pytest.mark.parametrize("window", [8, 3], ids=["window-spares-images", "window-cuts-images"])
 @pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
-def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window, paths):
-    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
-    (eager-only) keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global
-    layers' mask (causal with padding) and the sliding layers' take the paths counted."""
+def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window):
+    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them (window 3 against
+    an image of 6 tokens and frames of 4: the token rule with `window_covers_groups`); the audio tower (eager-only)
+    keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global layers' mask
+    (causal with padding) and the sliding layers' are both the token rule, never tile by tile."""
     inputs = gemma4_batch(rows)
     with mask_paths() as taken:
         assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(window)), inputs,
                             logits_at(inputs["attention_mask"].bool()),
                             {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2},
                             own={"Gemma4AudioModel": "eager"})
-    assert dict(taken) == paths
+    assert dict(taken) == {"token rule": 2}
+
+
+def test_gemma4_packed_rows_of_images_under_the_window_match_eager_through_the_token_rule():
+    """Two rows of two samples packed by ``position_ids`` (no attention mask, no cache: Transformers packs them), three
+    images of 8 tokens against window 3. From 5.24 Transformers reads a packed sample's image ids at positions
+    counted from the sample's start, and omni reads them so too; every mask is the token rule."""
+    ids = text(2, 30, seed=57)
+    ids[0, 2:12] = ids[0, 17:27] = ids[1, 6:16] = torch.tensor([BOI] + [IMAGE] * 8 + [EOI])
+    positions = torch.tensor([list(range(14)) + list(range(16)), list(range(20)) + list(range(10))])
+    pixel_values, image_position_ids = gemma4_patches(3, seed=58, width=8)
+    inputs = dict(input_ids=ids, position_ids=positions, use_cache=False, pixel_values=pixel_values,
+                  image_position_ids=image_position_ids, mm_token_type_ids=(ids == IMAGE).long())
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(3)), inputs,
+                            logits_at(torch.ones_like(ids, dtype=torch.bool)),
+                            {"Gemma4VisionAttention": 1, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+    assert dict(taken) == {"token rule": 2}
 
 
 def deepseek_vl_hybrid_config():

@@ -440,6 +440,7 @@ def block_sequence_ids(length: int, seed: int) -> torch.Tensor:
 
 HF_SOURCES = ("causal", "bidirectional", "sliding window", "chunked", "packed by position_ids",
               "packed by position_ids, sliding window", "image blocks", "image blocks, sliding window (tile by tile)",
+              "image blocks under a sliding window", "packed by position_ids, image blocks under a sliding window",
               "a model's or-function (tile by tile)", "decode, dynamic cache", "chunked prefill, dynamic cache",
               "prefill, empty static cache", "chunked prefill, static cache", "decode, static cache",
               "sliding window cache",
@@ -471,6 +472,12 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
         args |= dict(mask_function=hf.bidirectional_mask_function, allow_is_bidirectional_skip=True)
     elif "sliding window" in source and "packed" not in source and "image" not in source:
         args |= dict(mask_function=sliding, local_size=window)
+    elif "image blocks under a sliding window" in source:  # Gemma 3 / 4's sliding layers: images cut by the window
+        blocks = hf.or_masks(hf.causal_mask_function, hf.blockwise_overlay(block_sequence_ids(q_len, seed)))
+        inner = hf.and_masks(blocks, hf.sliding_window_overlay(window))
+        if source.startswith("packed"):
+            inner = packed_mask_function(inner, restarting_positions(q_len, seed))
+        args |= dict(mask_function=inner, local_size=window, use_vmap=True)
     elif source == "chunked":
         leading_padding = torch.zeros(HF_BATCH, dtype=torch.int64)
         if attention_mask is not None:
@@ -522,8 +529,10 @@ def test_transformers_spec_mask_and_attention_equal_sdpa_mask_on_real_rows(sourc
     """The block mask a layer builds from the "omni" spec, and the layer's attention, against Transformers' sdpa
     mask made with the same arguments: batch 3, several blocks, padding or none (per-row image ids beside ids of
     one row), caches (q_len < kv_len; static caches with their key rotation), with the builders' and the
-    reference's row chunks shrunk for half the cases."""
+    reference's row chunks shrunk for half the cases. Only the sources marked so are evaluated tile by tile."""
     seed = HF_CASES.index((source, padding))
+    tile_by_tile, build = [], OmniBlockMask.from_mask_fn
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *a, **k: tile_by_tile.append(1) or build(*a, **k))
     args, rows = hf_mask_arguments(source, padding, seed)
     q_len, kv_len = args["q_length"], args["kv_length"]
     truth = hf.sdpa_mask(**{**args, "allow_is_bidirectional_skip": False}, allow_is_causal_skip=False)
@@ -539,6 +548,7 @@ def test_transformers_spec_mask_and_attention_equal_sdpa_mask_on_real_rows(sourc
     read = block_mask_dense(block_mask).expand(HF_BATCH, -1, -1, -1)[:, 0]
     expected = truth[:, 0][..., slots]
     assert torch.equal(read[rows], expected[rows]), first_difference(read[rows], expected[rows])
+    assert bool(tile_by_tile) == ("tile by tile" in source)
 
     out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=0.25)
     gold, _ = naive_attention(q.double(), k.double(), v.double(), truth, 0.25)

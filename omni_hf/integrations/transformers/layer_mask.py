@@ -132,7 +132,7 @@ def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[Omn
     rule = token_rule_parts(spec, device)
     if rule is None:
         return _tile_by_tile(spec, device, segments), None
-    starts, groups, window = rule
+    starts, groups = rule.starts, rule.groups
     position = torch.arange(spec.kv_len, device=device) + spec.kv_offset
     valid = (position < spec.q_offset + spec.q_len)[None]  # unfilled static-cache slots are not keys
     if spec.padding_mask is not None:
@@ -144,7 +144,8 @@ def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[Omn
     order = _key_order(spec, device)
     if order is not None:
         doc, grp = doc[:, order], None if grp is None else grp[:, order]
-    return OmniBlockMask.from_token_ids(doc, grp, q_len=spec.q_len, window=window), order
+    return OmniBlockMask.from_token_ids(doc, grp, q_len=spec.q_len, window=rule.window,
+                                        window_covers_groups=rule.window_covers_groups), order
 
 
 def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
