@@ -668,6 +668,24 @@ def test_molmo2_pooling_cross_attention_over_padded_patches_matches_eager_and_is
     assert dict(taken) == {"token rule": 1}
 
 
+def test_molmo2_pooling_in_inference_with_every_slot_real_is_full_not_tile_by_tile():
+    """Without autograd an all-real padding mask is dropped at one host sync (as sdpa drops it); the pooling's
+    cross-attention (one query over its four patches, none a padding slot) is then every key, implicit, never
+    evaluated tile by tile. Logits as eager's."""
+    pooling = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]])
+    inputs = image_rows(seed=59) | dict(
+        pixel_values=randn(2, 16, 48, seed=60), image_grids=torch.tensor([[2, 2, 0, 0], [2, 2, 0, 0]]),
+        image_token_pooling=torch.cat([pooling, pooling + 16]), image_num_crops=torch.tensor([1, 1]))
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).long()
+    omni, ref, _ = models(from_config(Molmo2ForConditionalGeneration, molmo2_config()), CPU)
+    rows = inputs["attention_mask"].bool()
+    with torch.no_grad(), mask_paths() as taken:
+        got = omni(**inputs).logits[rows]
+    with torch.no_grad():
+        assert_close_to_reference(got, ref(**inputs).logits[rows])
+    assert dict(taken) == {"token rule": 1}  # the language model's (padded rows); nothing tile by tile
+
+
 def image_rows(seed: int, tokens: int = 4) -> dict:
     """Batch 2 of 24 tokens, ``tokens`` image tokens in each row, row 1 padded 4 on the left."""
     input_ids = text(2, 24, seed=seed)

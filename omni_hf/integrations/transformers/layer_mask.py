@@ -154,13 +154,14 @@ def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
     something (implicit when all are real, else `OmniBlockMask.from_key_padding`: query rows are never masked,
     which cross-attention needs); else None. Bidirectional keys all hold something where they end at the last
     query, and also where the padding mask covers every key (cross-attention over a padded encoder: Molmo2's
-    pooling, one query over a few patches; Bart's decoder): a bidirectional mask does not read positions."""
+    pooling, one query over a few patches; Bart's decoder), also when it was dropped for holding no padding
+    (``all_keys_real``: inference over full pooling windows): a bidirectional mask does not read positions."""
     filled = spec.q_offset + spec.q_len - spec.kv_offset
     aligned = isinstance(filled, int) and filled == spec.kv_len
     if spec.mask_function is bidirectional_mask_function:
         if spec.padding_mask is not None:
             return OmniBlockMask.from_key_padding(spec.padding_mask, spec.q_len)
-        return OmniBlockMask.full(spec.q_len, spec.kv_len) if aligned else None
+        return OmniBlockMask.full(spec.q_len, spec.kv_len) if aligned or spec.all_keys_real else None
     if not aligned:
         return None
     if spec.padding_mask is not None:
