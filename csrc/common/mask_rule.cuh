@@ -95,11 +95,22 @@ __host__ __device__ inline bool pool_allowed(const OmniMask& m, int p, int ii, i
   return (word >> (jj % 32)) & 1u;
 }
 
-// PARTIAL blocks by the token rule, from the per-token ids of the query (at qpos) and the key (at j).
+// The sliding window's test: may the query at qpos see key j (window <= 0: no window)?
+__host__ __device__ inline bool in_window(int qpos, int j, int window) { return window <= 0 || qpos - j < window; }
+
+// PARTIAL blocks by the token rule, from the per-token ids of the query (at qpos) and the key (at j), the window
+// over its causal part.
 __host__ __device__ inline bool token_allowed(int q_doc, int q_grp, int k_doc, int k_grp, int qpos, int j, int window) {
-  const bool causal_part = j <= qpos && (window <= 0 || qpos - j < window);
+  const bool causal_part = j <= qpos && in_window(qpos, j, window);
   const bool group_part = q_grp >= 0 && q_grp == k_grp;
   return q_doc >= 0 && q_doc == k_doc && (causal_part || group_part);
+}
+
+// The token rule of a mask: with covers_groups (OmniMask::window_covers_groups) the window cuts group pairs too,
+// which is the rule above and the window's test (the kernels apply that test as a pass of its own).
+__host__ __device__ inline bool token_allowed(int q_doc, int q_grp, int k_doc, int k_grp, int qpos, int j, int window,
+                                              bool covers_groups) {
+  return token_allowed(q_doc, q_grp, k_doc, k_grp, qpos, j, window) && (!covers_groups || in_window(qpos, j, window));
 }
 
 }  // namespace omni

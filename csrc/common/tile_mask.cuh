@@ -22,12 +22,22 @@ struct FragmentBits {
   template <class Allowed>
   __forceinline__ __device__ void evaluate(Allowed allowed) {
     CUTE_UNROLL
-    for (int w = 0; w < kElems / 32; ++w) {
-      uint32_t bits = 0;
-      CUTE_UNROLL
-      for (int b = 0; b < 32; ++b) bits |= uint32_t(allowed(w * 32 + b)) << b;
-      word[w] = bits;
-    }
+    for (int w = 0; w < kElems / 32; ++w) word[w] = word_of(allowed, w);
+  }
+
+  // Clears the bits of the elements that `allowed` refuses.
+  template <class Allowed>
+  __forceinline__ __device__ void keep_only(Allowed allowed) {
+    CUTE_UNROLL
+    for (int w = 0; w < kElems / 32; ++w) word[w] &= word_of(allowed, w);
+  }
+
+  template <class Allowed>
+  __forceinline__ __device__ static uint32_t word_of(Allowed allowed, int w) {
+    uint32_t bits = 0;
+    CUTE_UNROLL
+    for (int b = 0; b < 32; ++b) bits |= uint32_t(allowed(w * 32 + b)) << b;
+    return bits;
   }
 
   template <class TS>
@@ -57,11 +67,13 @@ __forceinline__ __device__ void mask_causal(TS& s, const TC& c, int qpos0, int c
   }
 }
 
-// PARTIAL by the token rule: q_ids / k_ids are the staged [doc, grp] ids of the tile's rows / columns.
-// Without a window (window <= 0) the rule is instantiated with the constant 0, which drops its window test.
+// PARTIAL by the token rule of mask m: q_ids / k_ids are the staged [doc, grp] ids of the tile's rows / columns.
+// Without a window (window <= 0) the rule is instantiated with the constant 0, which drops its window test. Where the
+// window cuts group pairs too (m.window_covers_groups), a second pass clears every pair outside it (mask_rule.cuh's
+// token_allowed with covers_groups; the choice made per element instead spills more in the 128 x 128 forward).
 template <int kRowsTile, int kColsTile, class Bits, class TC>
 __forceinline__ __device__ void token_bits(Bits& bits, const TC& c, const int* q_ids, const int* k_ids, int qpos0,
-                                           int col0, int window) {
+                                           int col0, const OmniMask& m) {
   auto evaluate = [&](auto window_value) {
     bits.evaluate([&](int i) {
       const int ii = get<0>(c(i));
@@ -70,10 +82,13 @@ __forceinline__ __device__ void token_bits(Bits& bits, const TC& c, const int* q
                            window_value);
     });
   };
-  if (window <= 0) {
+  if (m.window <= 0) {
     evaluate(0);
-  } else {
-    evaluate(window);
+    return;
+  }
+  evaluate(m.window);
+  if (m.window_covers_groups) {
+    bits.keep_only([&](int i) { return in_window(qpos0 + get<0>(c(i)), col0 + get<1>(c(i)), m.window); });
   }
 }
 

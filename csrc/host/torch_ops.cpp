@@ -3,15 +3,16 @@
 // one dispatch: the op reads its tensors, allocates its outputs with torch's caching allocator (CUDA-graph safe),
 // takes torch's current stream and calls the C entry points of include/omni_attention.h. Nothing here syncs.
 //
-//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, scale, softcap, sinks, bias) -> (out, lse)
-//   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, scale, softcap, bias,
-//       dbias, sinks, dsinks) -> (dq, dk, dv), writing the bias's gradient into dbias (zeroed by the caller; float32
-//       where it broadcasts, as the kernels add into it) and adding the sinks' into dsinks (float32, zeroed) where
-//       given
+//   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, window_covers_groups, scale, softcap, sinks,
+//       bias) -> (out, lse)
+//   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, window_covers_groups, scale,
+//       softcap, bias, dbias, sinks, dsinks) -> (dq, dk, dv), writing the bias's gradient into dbias (zeroed by the
+//       caller; float32 where it broadcasts, as the kernels add into it) and adding the sinks' into dsinks (float32,
+//       zeroed) where given
 //
 // bias / dbias: [B, Hq, Sq, Skv] views of any strides (0 where a dim broadcasts), read and accumulated in place.
-//   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window) -> the eight lists of both views and
-//       the token ranges
+//   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window, window_covers_groups) -> the eight
+//       lists of both views and the token ranges
 //
 // <row view> / <column view> = num_blocks, indices, types, partial, pool, doc_ids, group_ids, token_ranges: each
 // optional (absent for the implicit mask kinds, which need no lists). The checks here cover what the kernels' reads
@@ -219,7 +220,8 @@ OmniBlockList block_list(const OptTensor& num, const OptTensor& indices, const O
 // The mask of one call from the view's tensors and sizes (see the file comment).
 OmniMask make_mask(const OptTensor& num, const OptTensor& indices, const OptTensor& types, const OptTensor& partial,
                    const OptTensor& pool, const OptTensor& doc, const OptTensor& grp, const OptTensor& ranges,
-                   int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, bool row_view, int32_t device) {
+                   int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, bool window_covers_groups,
+                   bool row_view, int32_t device) {
   OmniMask m{};
   m.kind = static_cast<int32_t>(kind);
   (row_view ? m.kv : m.q) = block_list(num, indices, types, partial, device);
@@ -236,6 +238,7 @@ OmniMask make_mask(const OptTensor& num, const OptTensor& indices, const OptTens
                     "token_ranges: expected [B, kv_len, 4] beside doc_ids [B, kv_len]");
   }
   m.window = static_cast<int32_t>(window);
+  m.window_covers_groups = window_covers_groups ? 1 : 0;
   m.block_q = static_cast<int32_t>(block_q);
   m.block_kv = static_cast<int32_t>(block_kv);
   m.heads = num.has_value() ? static_cast<int32_t>(num->size(1)) : 1;
@@ -265,8 +268,9 @@ OmniFwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
 
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptTensor indices, OptTensor types,
                                OptTensor partial, OptTensor pool, OptTensor doc, OptTensor grp, OptTensor ranges,
-                               int64_t kind, int64_t block_q, int64_t block_kv, int64_t window, double scale,
-                               double softcap, OptTensor sinks, OptTensor bias) {
+                               int64_t kind, int64_t block_q, int64_t block_kv, int64_t window,
+                               bool window_covers_groups, double scale, double softcap, OptTensor sinks,
+                               OptTensor bias) {
   check_qkv(q, k, v);
   STD_TORCH_CHECK(!sinks.has_value() || (sinks->dim() == 1 && sinks->size(0) == q.size(1) && sinks->is_contiguous()),
                   "sinks: expected a contiguous float32 [Hq] tensor");
@@ -276,7 +280,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
   Tensor out = output_like(q);
   const Tensor q_in = readable(q), k_in = readable(k), v_in = readable(v);  // alive until the launch
   const OmniMask mask = make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
-                                  true, q.get_device_index());
+                                  window_covers_groups, true, q.get_device_index());
   OmniFwdParams p = fwd_params(q_in, k_in, v_in, mask, scale, softcap, stream);
   p.sinks = static_cast<const float*>(pointer(sinks, ScalarType::Float, "sinks", q.get_device_index()));
   p.bias = bias_of(bias, q, k);
@@ -300,8 +304,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor num, OptT
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, OptTensor num,
                                        OptTensor indices, OptTensor types, OptTensor partial, OptTensor pool,
                                        OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind, int64_t block_q,
-                                       int64_t block_kv, int64_t window, double scale, double softcap, OptTensor bias,
-                                       OptTensor dbias, OptTensor sinks, OptTensor dsinks) {
+                                       int64_t block_kv, int64_t window, bool window_covers_groups, double scale,
+                                       double softcap, OptTensor bias, OptTensor dbias, OptTensor sinks,
+                                       OptTensor dsinks) {
   check_qkv(q, k, v);
   check_mask_extent(num, doc, grp, q, k);
   for (const Tensor* t : {&dout, &out}) {
@@ -323,7 +328,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   OmniBwdParams p{};
   p.fwd = fwd_params(q_in, k_in, v_in,
                      make_mask(num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
-                               false, q.get_device_index()),
+                               window_covers_groups, false, q.get_device_index()),
                      scale, softcap, stream);
   p.fwd.out = view4(out_in, "out");
   p.fwd.lse = static_cast<float*>(lse.data_ptr());
@@ -365,7 +370,8 @@ OmniBlockListOut list_view(const Lists& lists) {
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> token_mask(
-    Tensor doc, Tensor grp, int64_t q_len, int64_t block_q, int64_t block_kv, int64_t window) {
+    Tensor doc, Tensor grp, int64_t q_len, int64_t block_q, int64_t block_kv, int64_t window,
+    bool window_covers_groups) {
   torch::stable::accelerator::DeviceGuard guard(doc.get_device_index());
   STD_TORCH_CHECK(doc.dim() == 2 && grp.dim() == 2 && doc.size(0) == grp.size(0) && doc.size(1) == grp.size(1),
                   "doc_ids, group_ids: expected one shape [B, kv_len]");
@@ -386,6 +392,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.block_q = static_cast<int32_t>(block_q);
   p.block_kv = static_cast<int32_t>(block_kv);
   p.window = static_cast<int32_t>(window);
+  p.window_covers_groups = window_covers_groups ? 1 : 0;
   p.kv = list_view(row);
   p.q = list_view(col);
   p.workspace = static_cast<int32_t*>(workspace.data_ptr());
@@ -403,15 +410,17 @@ STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? num_blocks, Tensor? indices, Tensor? types, Tensor? partial, "
       "Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, int kind, int block_q, int block_kv, "
-      "int window, float scale, float softcap, Tensor? sinks, Tensor? bias=None) -> (Tensor, Tensor)");
+      "int window, bool window_covers_groups, float scale, float softcap, Tensor? sinks, Tensor? bias=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
       "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
-      "int kind, int block_q, int block_kv, int window, float scale, float softcap, Tensor? bias=None, "
-      "Tensor(a!)? dbias=None, Tensor? sinks=None, Tensor(a!)? dsinks=None) -> (Tensor, Tensor, Tensor)");
+      "int kind, int block_q, int block_kv, int window, bool window_covers_groups, float scale, float softcap, "
+      "Tensor? bias=None, Tensor(a!)? dbias=None, Tensor? sinks=None, Tensor(a!)? dsinks=None) "
+      "-> (Tensor, Tensor, Tensor)");
   m.def(
-      "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window, "
+      "bool window_covers_groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(omni_hf, CUDA, m) {

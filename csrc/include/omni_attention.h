@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 7
+#define OMNI_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,9 +69,11 @@ typedef struct {
 //   FULL    -> allowed
 //   CAUSAL  -> allowed iff qpos >= j
 //   PARTIAL, p = partial >= 0 -> bit (jj % 32) of partial_pool[p][i % block_q][jj / 32], jj = j % block_kv
-//   PARTIAL, p == -1 (token rule, doc = doc_ids[b], grp = group_ids[b]) -> allowed iff
-//       doc[qpos] >= 0 && doc[qpos] == doc[j] &&
-//       ((j <= qpos && (window <= 0 || qpos - j < window)) || (grp[qpos] >= 0 && grp[qpos] == grp[j]))
+//   PARTIAL, p == -1 (token rule, doc = doc_ids[b], grp = group_ids[b], in_window = window <= 0 || qpos - j < window)
+//       -> allowed iff doc[qpos] >= 0 && doc[qpos] == doc[j] &&
+//       ((j <= qpos && in_window) || (grp[qpos] >= 0 && grp[qpos] == grp[j]))
+//     or, with window_covers_groups (the window cuts group pairs too, as Transformers' Gemma 3 / 4 sliding layers):
+//       doc[qpos] >= 0 && doc[qpos] == doc[j] && in_window && (j <= qpos || (grp[qpos] >= 0 && grp[qpos] == grp[j]))
 // (with doc_ids / group_ids NULL: doc = 0 and grp = -1 at every position). Implicit kinds: OMNI_MASK_CAUSAL
 // allows j <= qpos && (window <= 0 || qpos - j < window); OMNI_MASK_FULL allows every key.
 // Rows past q_len and columns past kv_len are never allowed. A row with no allowed key gives out = 0,
@@ -91,6 +93,7 @@ typedef struct {
   // do not allow ranges. Used only where doc_ids is given.
   const int32_t* token_ranges;
   int32_t window;  // sliding window of the causal part (token rule, OMNI_MASK_CAUSAL); <= 0: none
+  int32_t window_covers_groups;  // token rule: non-zero where the window cuts group pairs too (see above)
   int32_t block_q, block_kv;  // 64 or 128 each
   int32_t heads;  // 1 or heads_q (the H of the lists above); 1 for implicit kinds
 } OmniMask;
@@ -172,6 +175,7 @@ typedef struct {
   int32_t batch, q_len, kv_len;  // q_len <= kv_len: the queries are the last q_len positions
   int32_t block_q, block_kv;  // 64 or 128 each
   int32_t window;  // <= 0: none
+  int32_t window_covers_groups;  // non-zero: the window cuts group pairs too (OmniMask::window_covers_groups)
   OmniBlockListOut kv;  // row view: per Q block its KV blocks
   OmniBlockListOut q;  // column view: per KV block its Q blocks
   int32_t* token_ranges;  // [B, kv_len, 4] int32 out (OmniMask::token_ranges), or NULL: not built

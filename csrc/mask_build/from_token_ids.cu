@@ -101,8 +101,10 @@ __device__ BlockSummary load_summary(const int32_t* workspace, int64_t block) {
 }
 
 // The OmniBlockType of (qb, kb): MASKED where no pair can be allowed, FULL / CAUSAL where the claim holds
-// for every in-range pair, PARTIAL otherwise (mask.py: _classify_token_blocks and _block_type).
-__device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const Blocks& g, int qb, int kb, int window) {
+// for every in-range pair, PARTIAL otherwise (token_blocks.py: classify_token_blocks; types.py: block_type). With
+// covers_groups the window cuts group pairs too: no pair outside it is allowed, and FULL needs every pair inside it.
+__device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const Blocks& g, int qb, int kb, int window,
+                           bool covers_groups) {
   const bool docs_overlap = q.doc_least <= k.doc_greatest && k.doc_least <= q.doc_greatest;
   const bool groups_overlap = q.grp_least <= k.grp_greatest && k.grp_least <= q.grp_greatest;
   const bool one_doc = q.doc_key == k.doc_key;
@@ -111,16 +113,17 @@ __device__ int8_t classify(const BlockSummary& q, const BlockSummary& k, const B
   const bool all_after = g.k_first(kb) > g.q_last(qb);
   const bool window_holds = window <= 0 || g.q_last(qb) - g.k_first(kb) < window;
   const bool window_fails = window > 0 && g.q_first(qb) - g.k_last(kb) >= window;
-  if (!docs_overlap || ((all_after || window_fails) && !groups_overlap)) return OMNI_MASKED;
-  if (one_doc && ((all_before && window_holds) || one_group)) return OMNI_FULL;
+  if (!docs_overlap || ((all_after || window_fails) && !groups_overlap) || (covers_groups && window_fails))
+    return OMNI_MASKED;
+  if (one_doc && ((all_before && window_holds) || one_group) && (window_holds || !covers_groups)) return OMNI_FULL;
   if (one_doc && window_holds && !groups_overlap) return OMNI_CAUSAL;
   return OMNI_PARTIAL;
 }
 
 // A Q block's warp writes its row of the row view, a KV block's warp its row of the column view. Active
 // columns go first, ascending (a stable compaction by ballot).
-__global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int batch, int window, OmniBlockListOut kv,
-                            OmniBlockListOut q) {
+__global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int batch, int window, bool covers_groups,
+                            OmniBlockListOut kv, OmniBlockListOut q) {
   const WarpItem item = warp_item(g, batch);
   if (!item.active) return;
   const int b = item.b, lane = item.lane, row = item.index;
@@ -139,7 +142,8 @@ __global__ void write_lists(const int32_t* __restrict__ workspace, Blocks g, int
     int8_t type = OMNI_MASKED;
     if (col < cols) {
       const BlockSummary other = load_summary(workspace, base + (row_view ? g.num_q + col : col));
-      type = row_view ? classify(mine, other, g, row, col, window) : classify(other, mine, g, col, row, window);
+      type = row_view ? classify(mine, other, g, row, col, window, covers_groups)
+                      : classify(other, mine, g, col, row, window, covers_groups);
     }
     if (start == 0) first_type = __shfl_sync(kAllLanes, type, 0);
     const unsigned active = __ballot_sync(kAllLanes, type != OMNI_MASKED);
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(kRangeThreads)
 // (threads take the chunk backwards) and a prefix scan of the starts give each position its runs.
 __global__ void __launch_bounds__(kRangeThreads)
     write_ranges(const int32_t* __restrict__ doc_ids, const int32_t* __restrict__ group_ids, int kv_len, int window,
-                 const RangeChunk* __restrict__ summaries, int4* __restrict__ token_ranges) {
+                 bool covers_groups, const RangeChunk* __restrict__ summaries, int4* __restrict__ token_ranges) {
   __shared__ ChunkIds chunk;
   __shared__ RangeTemp temp;
   __shared__ int2 lasts[OMNI_TOKEN_RANGE_CHUNK];  // last position of each position's document / group run
@@ -359,9 +363,12 @@ __global__ void __launch_bounds__(kRangeThreads)
     if (p >= kv_len) break;
     const int2 id = chunk.at(p), last = lasts[p - chunk.chunk0];
     const int grp_first = id.y >= 0 ? first.y : p, grp_last = id.y >= 0 ? last.y : p;
-    const int causal_first = max(first.x, p - reach), causal_last = min(last.x, p + reach);
-    int4 range =
-        make_int4(min(causal_first, grp_first), max(p, grp_last), min(p, grp_first), max(causal_last, grp_last));
+    int causal_first = max(first.x, p - reach), causal_last = min(last.x, p + reach);
+    if (!covers_groups) {  // a group is seen whole (without a window the causal part covers it anyway)
+      causal_first = min(causal_first, grp_first);
+      causal_last = max(causal_last, grp_last);
+    }
+    int4 range = make_int4(causal_first, max(p, grp_last), min(p, grp_first), causal_last);
     if (id.x < 0) range = make_int4(0, -1, 0, -1);  // padding: empty ranges
     out[p] = bad ? make_int4(INT_MIN, INT_MIN, INT_MIN, INT_MIN) : range;
   }
@@ -403,7 +410,8 @@ extern "C" int omni_build_token_mask(const OmniTokenMaskParams* params) {
   const int ctas = (warps + kWarpsPerCta - 1) / kWarpsPerCta;
   summarise_blocks<<<ctas, kWarpsPerCta * kWarp, 0, stream>>>(p.doc_ids, p.group_ids, g, p.batch, p.workspace);
   if (int s = check_cuda(cudaGetLastError(), "summarise_blocks launch")) return s;
-  write_lists<<<ctas, kWarpsPerCta * kWarp, 0, stream>>>(p.workspace, g, p.batch, p.window, p.kv, p.q);
+  const bool covers_groups = p.window_covers_groups != 0;
+  write_lists<<<ctas, kWarpsPerCta * kWarp, 0, stream>>>(p.workspace, g, p.batch, p.window, covers_groups, p.kv, p.q);
   if (int s = check_cuda(cudaGetLastError(), "write_lists launch")) return s;
   if (p.token_ranges == nullptr) return OMNI_OK;
   const dim3 chunks((p.kv_len + OMNI_TOKEN_RANGE_CHUNK - 1) / OMNI_TOKEN_RANGE_CHUNK, p.batch);
@@ -411,7 +419,7 @@ extern "C" int omni_build_token_mask(const OmniTokenMaskParams* params) {
   auto* summaries = reinterpret_cast<RangeChunk*>(p.workspace + block_ints);
   summarise_chunks<<<chunks, kRangeThreads, 0, stream>>>(p.doc_ids, p.group_ids, p.kv_len, summaries);
   if (int s = check_cuda(cudaGetLastError(), "summarise_chunks launch")) return s;
-  write_ranges<<<chunks, kRangeThreads, 0, stream>>>(p.doc_ids, p.group_ids, p.kv_len, p.window, summaries,
-                                                     reinterpret_cast<int4*>(p.token_ranges));
+  write_ranges<<<chunks, kRangeThreads, 0, stream>>>(p.doc_ids, p.group_ids, p.kv_len, p.window, covers_groups,
+                                                     summaries, reinterpret_cast<int4*>(p.token_ranges));
   return check_cuda(cudaGetLastError(), "write_ranges launch");
 }

@@ -44,7 +44,7 @@ template <int kBlockM, int kBlockN, class Bits, class TC>
 __forceinline__ __device__ void partial_bits(Bits& bits, const TC& c, const QTile& tile, const TileCoords& at,
                                              const OmniMask& mask) {
   if (tile.kind == kTileToken) {
-    token_bits<kBlockM, kBlockN>(bits, c, at.q_ids, at.k_ids, at.qpos0, at.col0, mask.window);
+    token_bits<kBlockM, kBlockN>(bits, c, at.q_ids, at.k_ids, at.qpos0, at.col0, mask);
   } else if (tile.kind == kTilePool) {
     pool_bits(bits, c, pool_rows_view<kBlockM>(mask, tile.pool, tile.ii0, at.jj0), at.col_limit);
   }

@@ -50,7 +50,7 @@ template <class Traits, class Bits, class TC>
 __forceinline__ __device__ void partial_tile_bits(Bits& bits, const TC& c, const KvTile& tile, const OmniFwdParams& p,
                                                   int qpos0, const int* s_q_ids, const int* s_aux) {
   if (tile.kind == kTileToken) {
-    token_bits<Traits::kBlockM, Traits::kBlockN>(bits, c, s_q_ids, s_aux, qpos0, tile.col0, p.mask.window);
+    token_bits<Traits::kBlockM, Traits::kBlockN>(bits, c, s_q_ids, s_aux, qpos0, tile.col0, p.mask);
   } else if (tile.kind == kTilePool) {
     pool_bits(bits, c, staged_pool_view<Traits::kBlockM, Traits::kPoolWords>(s_aux), p.kv_len - tile.col0);
   }

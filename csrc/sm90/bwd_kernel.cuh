@@ -185,7 +185,7 @@ __forceinline__ __device__ void mask_scores_t(TS& acc_s, const TC& c, const TCt&
       break;
     case kTileToken: {
       auto s_rc = rowcol(acc_s);
-      mask_token_rule<Traits::kBlockN, Traits::kBlockM, true>(s_rc, rowcol(c), k_ids, q_ids, col0, qpos0, m.window);
+      mask_token_rule<Traits::kBlockN, Traits::kBlockM, true>(s_rc, rowcol(c), k_ids, q_ids, col0, qpos0, m);
       break;
     }
     case kTileTokenRanges: {

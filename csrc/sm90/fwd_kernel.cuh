@@ -148,7 +148,7 @@ __forceinline__ __device__ void mask_scores(TS& acc_s, const TC& c, const KvTile
       break;
     case kTileToken: {
       auto s_rc = rowcol(acc_s);
-      mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0, p.mask.window);
+      mask_token_rule<Traits::kBlockM, Traits::kBlockN>(s_rc, rowcol(c), q_ids, aux, qpos0, tile.col0, p.mask);
       break;
     }
     case kTileTokenRanges: {

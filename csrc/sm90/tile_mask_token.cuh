@@ -4,8 +4,11 @@
 #pragma once
 #include <cute/tensor.hpp>
 
+#include <climits>
 #include <cmath>
 #include <type_traits>
+
+#include "omni_attention.h"
 
 namespace omni::sm90 {
 
@@ -20,22 +23,26 @@ using namespace cute;
 // `off` from the thread's first column against d = row position - position of that first column:
 //   queries as rows: key <= query <=> off <= d;  query - key < window <=> off > d - window;
 //   keys as rows:    key <= query <=> off >= d;  query - key < window <=> off < d + window.
-// Without a window (window <= 0) the second test is compiled out.
+// Without a window (window <= 0) the second test is compiled out; with one it cuts the causal part, and group pairs
+// too where m.window_covers_groups (a uniform runtime value, not a third compiled variant). The budget is tight: a
+// third variant or one more operation per element makes ptxas serialize the softcapped forward's wgmma, which is
+// why a negative row id is replaced by INT_MIN once per row instead of tested per element.
 template <int kRows, int kCols, bool kRowsAreKeys = false, class TS, class TC>
 __forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const int* row_ids, const int* col_ids,
-                                                int row_pos0, int col_pos0, int window) {
+                                                int row_pos0, int col_pos0, const OmniMask& m) {
   static_assert(decltype(size<1>(s_rc))::value % 2 == 0, "columns come in pairs");
   constexpr int kThreadRows = decltype(size<0>(s_rc))::value;
+  const int window = m.window;
   const int jj0 = get<1>(c_rc(0, 0));  // this thread's first column; the others are constant offsets from it
+  const bool groups_spared = m.window_covers_groups == 0;  // the window leaves group pairs alone
+  // A row's ids, INT_MIN where negative (padding, text): no column id (>= -1) equals that, so one compare per id
+  // tests both "the row's id is >= 0" and "the column's is the same".
   int r_doc[kThreadRows], r_grp[kThreadRows], d[kThreadRows];
-  bool doc_ok[kThreadRows], grp_ok[kThreadRows];
   CUTE_UNROLL
   for (int r = 0; r < kThreadRows; ++r) {
     const int ii = get<0>(c_rc(r, 0));
-    r_doc[r] = row_ids[ii];
-    r_grp[r] = row_ids[kRows + ii];
-    doc_ok[r] = r_doc[r] >= 0;
-    grp_ok[r] = r_grp[r] >= 0;
+    r_doc[r] = row_ids[ii] >= 0 ? row_ids[ii] : INT_MIN;
+    r_grp[r] = row_ids[kRows + ii] >= 0 ? row_ids[kRows + ii] : INT_MIN;
     d[r] = row_pos0 + ii - col_pos0 - jj0;
   }
   auto apply = [&](auto has_window) {
@@ -54,8 +61,13 @@ __forceinline__ __device__ void mask_token_rule(TS& s_rc, const TC& c_rc, const 
         for (int r = 0; r < kThreadRows; ++r) {
           // Bitwise, not short-circuit, operators: predicates and one select per element, no branches.
           bool causal = kRowsAreKeys ? off >= d[r] : off <= d[r];
-          if constexpr (decltype(has_window)::value) causal &= kRowsAreKeys ? off < d[r] + window : off > d[r] - window;
-          const bool allowed = doc_ok[r] & (cd == r_doc[r]) & (causal | (grp_ok[r] & (cg == r_grp[r])));
+          bool group = cg == r_grp[r];
+          if constexpr (decltype(has_window)::value) {
+            const bool inside = kRowsAreKeys ? off < d[r] + window : off > d[r] - window;
+            causal &= inside;
+            group &= inside | groups_spared;
+          }
+          const bool allowed = (cd == r_doc[r]) & (causal | group);
           s_rc(r, c + e) = allowed ? s_rc(r, c + e) : -INFINITY;
         }
       }

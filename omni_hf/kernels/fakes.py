@@ -29,17 +29,17 @@ def register_fakes() -> None:
     more."""
 
     @torch.library.register_fake("omni_hf::fwd")
-    def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window, scale,
-          softcap, sinks, bias=None):
+    def _(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv, window,
+          window_covers_groups, scale, softcap, sinks, bias=None):
         return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.register_fake("omni_hf::bwd")
     def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
-          window, scale, softcap, bias=None, dbias=None, sinks=None, dsinks=None):
+          window, window_covers_groups, scale, softcap, bias=None, dbias=None, sinks=None, dsinks=None):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")
-    def _(doc, grp, q_len, block_q, block_kv, window):
+    def _(doc, grp, q_len, block_q, block_kv, window, window_covers_groups):
         batch, kv_len = doc.shape
         num_q, num_kv = -(-q_len // block_q), -(-kv_len // block_kv)
 

@@ -10,7 +10,9 @@ kernel share (see `csrc/include/omni_attention.h`): for query row ``i`` (absolut
 - PARTIAL with a pool index ``p >= 0``: bit ``j % block_kv`` of row ``i % block_q`` of pattern ``p``;
 - PARTIAL with ``p == -1``: the token rule over per-token ``doc`` and ``grp`` ids,
   ``doc[qpos] >= 0 and doc[qpos] == doc[j] and ((j <= qpos and qpos - j < window)
-  or (grp[qpos] >= 0 and grp[qpos] == grp[j]))``.
+  or (grp[qpos] >= 0 and grp[qpos] == grp[j]))``; with ``window_covers_groups`` the window cuts group pairs too,
+  ``doc[qpos] >= 0 and doc[qpos] == doc[j] and qpos - j < window and (j <= qpos
+  or (grp[qpos] >= 0 and grp[qpos] == grp[j]))`` (`omni_hf.mask.token_rule`).
 
 Rows past ``q_len`` and keys past ``kv_len`` are never allowed.
 """
@@ -37,7 +39,7 @@ from .token_blocks import (
 from .token_ranges import token_ranges
 from .token_rule import MaskMod, token_mask_mod
 from .types import CAUSAL, FULL, PARTIAL, BlockType, MaskKind, block_size_pair
-from .validation import check_sizes, check_token_ids, check_window, describe_value, validate
+from .validation import check_flag, check_sizes, check_token_ids, check_window, describe_value, validate
 
 __all__ = ["BlockLists", "OmniBlockMask", "TokenRule"]
 
@@ -108,6 +110,8 @@ class OmniBlockMask:
             bit ``j`` of word ``w`` is key ``w * 32 + j`` of the block.
         token_rule: `TokenRule` (ids, and their ranges) for token-rule PARTIAL blocks, or None.
         window: sliding window of the causal part (token rule, or an implicit CAUSAL mask), or None.
+        window_covers_groups: False: the token rule's window cuts its causal part only (a group is seen whole);
+            True: it cuts group pairs too (Transformers' sliding layers of Gemma 3 and 4). Read only with a window.
     """
 
     q_len: int
@@ -120,6 +124,7 @@ class OmniBlockMask:
     partial_pool: torch.Tensor | None = None
     token_rule: TokenRule | None = None
     window: int | None = None
+    window_covers_groups: bool = False
 
     # ------------------------------------------------------------------ sizes
 
@@ -194,6 +199,7 @@ class OmniBlockMask:
         q_len: int | None = None,
         block_size: int | tuple[int, int] = 128,
         window: int | None = None,
+        window_covers_groups: bool = False,
     ) -> OmniBlockMask:
         """Token-rule mask from per-token ids: the VLM fast path, O(S) metadata and no pool.
 
@@ -204,6 +210,10 @@ class OmniBlockMask:
             q_len: number of query rows, the last ``q_len`` positions (default ``kv_len``).
             block_size: 64 or 128, or a ``(block_q, block_kv)`` pair of them.
             window: optional sliding window for the causal part (``qpos - j < window``).
+            window_covers_groups: False (default): the window cuts the causal part only, a group is seen whole;
+                True: it cuts group pairs too, as Transformers' sliding layers of Gemma 3 and 4 (``and_masks(or_masks(
+                causal, blockwise_overlay), sliding_window_overlay)``): keys further back than the window are never
+                seen, a group's later keys always are (`omni_hf.mask.token_rule`).
 
         Ids below -1 raise a ValueError naming the argument, the value and where it is, when the ids are on the CPU;
         on an accelerator that check would cost a host sync, so such ids are not checked there.
@@ -223,15 +233,18 @@ class OmniBlockMask:
         if q_len > kv_len:
             raise ValueError(f"q_len: expected at most kv_len={kv_len} for a token-rule mask, got {q_len}")
         check_window(window)
+        check_flag("window_covers_groups", window_covers_groups)
         pool = empty_pool(block_q, block_kv, doc_ids.device)
         if builds_token_masks(doc_ids):
-            *lists, ranges = token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window)
+            *lists, ranges = token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window, window_covers_groups)
             return cls(q_len, kv_len, block_q, block_kv, kv=BlockLists(*lists[:4]), q=BlockLists(*lists[4:]),
-                       partial_pool=pool, token_rule=TokenRule(doc_ids, group_ids, ranges), window=window)
-        types = classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window)
-        rule = TokenRule(doc_ids, group_ids, token_ranges(doc_ids, group_ids, window))
+                       partial_pool=pool, token_rule=TokenRule(doc_ids, group_ids, ranges), window=window,
+                       window_covers_groups=window_covers_groups)
+        types = classify_token_blocks(doc_ids, group_ids, q_len, block_q, block_kv, window, window_covers_groups)
+        rule = TokenRule(doc_ids, group_ids, token_ranges(doc_ids, group_ids, window, window_covers_groups))
         return cls.from_block_table(types[:, None], None, pool, q_len=q_len, kv_len=kv_len,
-                                    block_size=(block_q, block_kv), token_rule=rule, window=window)
+                                    block_size=(block_q, block_kv), token_rule=rule, window=window,
+                                    window_covers_groups=window_covers_groups)
 
     @classmethod
     def from_token_id_ranges(
@@ -394,7 +407,8 @@ class OmniBlockMask:
     @classmethod
     def from_block_table(cls, types: torch.Tensor, partial: torch.Tensor | None, partial_pool: torch.Tensor, *,
                          q_len: int, kv_len: int, block_size: int | tuple[int, int] = 128,
-                         token_rule: TokenRule | None = None, window: int | None = None) -> OmniBlockMask:
+                         token_rule: TokenRule | None = None, window: int | None = None,
+                         window_covers_groups: bool = False) -> OmniBlockMask:
         """The one constructor every builder of block lists goes through: both views from a dense block table.
 
         Args:
@@ -402,13 +416,15 @@ class OmniBlockMask:
             partial: int32 pool ids of the same shape (-1 where none), or None (no pooled blocks).
             partial_pool: int32 ``[P, block_q, block_kv // 32]``.
             block_size: 64 or 128, or a ``(block_q, block_kv)`` pair of them.
+            token_rule, window, window_covers_groups: the token rule of PARTIAL blocks with pool id -1, as the
+                mask's attributes.
         """
         block_q, block_kv = block_size_pair(block_size)
         row = block_lists(types, partial)
         col = block_lists(types.transpose(-1, -2).contiguous(),
                           None if partial is None else partial.transpose(-1, -2).contiguous())
         return cls(q_len, kv_len, block_q, block_kv, kv=BlockLists(*row), q=BlockLists(*col), partial_pool=partial_pool,
-                   token_rule=token_rule, window=window)
+                   token_rule=token_rule, window=window, window_covers_groups=window_covers_groups)
 
     @classmethod
     def _from_rows(cls, rows: dense.RowFunction, batch, heads, q_len, kv_len, block_size, device) -> OmniBlockMask:
@@ -427,24 +443,26 @@ class OmniBlockMask:
             tensors: 12 tensors, None where the mask has none: the row view ``kv.num_blocks, kv.indices,
                 kv.types, kv.partial``, the column view ``q.num_blocks, q.indices, q.types, q.partial``, then
                 ``partial_pool, doc_ids, group_ids, token_ranges`` (`omni_hf.ops.library` names the three parts).
-            sizes: 6 ints ``q_len, kv_len, block_q, block_kv, window`` (0 for none) ``, kind``.
+            sizes: 7 ints ``q_len, kv_len, block_q, block_kv, window`` (0 for none) ``, window_covers_groups``
+                (0 or 1) ``, kind``.
         """
         none4 = (None,) * 4
         rule = self.token_rule
         tensors = (*(self.kv.as_tuple() if self.kv is not None else none4),
                    *(self.q.as_tuple() if self.q is not None else none4), self.partial_pool,
                    *((rule.doc_ids, rule.group_ids, rule.ranges) if rule is not None else (None,) * 3))
-        return tensors, (self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0, int(self.kind))
+        return tensors, (self.q_len, self.kv_len, self.block_q, self.block_kv, self.window or 0,
+                         int(self.window_covers_groups), int(self.kind))
 
     @classmethod
     def from_tuple(cls, tensors: Sequence[torch.Tensor | None], sizes: Sequence[int]) -> OmniBlockMask:
         """The mask of `as_tuple`'s ``(tensors, sizes)``."""
-        q_len, kv_len, block_q, block_kv, window, kind = sizes
+        q_len, kv_len, block_q, block_kv, window, window_covers_groups, kind = sizes
         rows, cols, (pool, doc, grp, ranges) = tensors[:4], tensors[4:8], tensors[8:]
         return cls(q_len, kv_len, block_q, block_kv, kind=MaskKind(kind),
                    kv=None if rows[0] is None else BlockLists(*rows), q=None if cols[0] is None else BlockLists(*cols),
                    partial_pool=pool, token_rule=None if doc is None else TokenRule(doc, grp, ranges),
-                   window=window or None)
+                   window=window or None, window_covers_groups=bool(window_covers_groups))
 
     # ------------------------------------------------------------------ views and conversions
 
@@ -483,7 +501,8 @@ class OmniBlockMask:
             word = self.partial_pool[pool_id.clamp(min=0), q_idx % self.block_q, jj // 32]
             result = result | (is_partial & (pool_id >= 0) & ((word >> (jj % 32)) & 1).bool())
         if self.token_rule is not None:
-            rule = token_mask_mod(self.token_rule.doc_ids, self.token_rule.group_ids, self.window)
+            rule = token_mask_mod(self.token_rule.doc_ids, self.token_rule.group_ids, self.window,
+                                  self.window_covers_groups)
             result = result | (is_partial & (pool_id < 0) & rule(b, None, qpos.clamp(min=0), kv_idx))
         return result
 

@@ -68,8 +68,13 @@ def _id_summary(ids: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tenso
     return least, greatest, torch.where(single, greatest, unique)
 
 
-def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.Tensor:
+def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window, window_covers_groups=False) -> torch.Tensor:
     """int8 block types ``[B, nQ, nK]`` of the token rule, from block summaries (nothing S x S).
+
+    Args:
+        doc, grp: int32 ``[B, kv_len]`` ids; q_len: the queries are the last ``q_len`` positions; block_q, block_kv:
+            block sizes; window: None or > 0; window_covers_groups: whether the window cuts group pairs too
+            (`omni_hf.mask.token_rule`).
 
     Sound: FULL and CAUSAL are claimed only where they hold for every in-range pair, MASKED only
     where no pair is allowed; the rest is PARTIAL and the kernel applies the token rule there.
@@ -78,7 +83,7 @@ def classify_token_blocks(doc, grp, q_len, block_q, block_kv, window) -> torch.T
     pos = BlockPositions(q_len, kv_len, block_q, block_kv, doc.device)
     qs = _TokenSummary(doc[:, kv_len - q_len:], grp[:, kv_len - q_len:], block_q, side=0)
     ks = _TokenSummary(doc, grp, block_kv, side=1)
-    return _classify(qs, ks, pos, window, causal=True)
+    return _classify(qs, ks, pos, window, causal=True, window_covers_groups=window_covers_groups)
 
 
 def classify_token_range_blocks(doc, grp, queries: tuple[int, int], keys: tuple[int, int], block_q, block_kv,
@@ -93,8 +98,10 @@ def classify_token_range_blocks(doc, grp, queries: tuple[int, int], keys: tuple[
     return _classify(qs, ks, pos, window, causal=False)
 
 
-def _classify(qs: _TokenSummary, ks: _TokenSummary, pos: BlockPositions, window, causal: bool) -> torch.Tensor:
-    """The block types of query and key block summaries at ``pos`` (CAUSAL claimed only where ``causal``)."""
+def _classify(qs: _TokenSummary, ks: _TokenSummary, pos: BlockPositions, window, causal: bool,
+              window_covers_groups: bool = False) -> torch.Tensor:
+    """The block types of query and key block summaries at ``pos`` (CAUSAL claimed only where ``causal``; the window
+    over group pairs too where ``window_covers_groups``)."""
 
     def q(name):
         return getattr(qs, name)[:, :, None]
@@ -113,6 +120,9 @@ def _classify(qs: _TokenSummary, ks: _TokenSummary, pos: BlockPositions, window,
         window_fails = pos.q_first - pos.k_last >= window  # no pair inside the window
     masked = ~docs_overlap | ((pos.all_after | window_fails) & ~groups_overlap)
     full = one_doc & ((pos.all_before & window_holds) | one_group)
+    if window is not None and window_covers_groups:  # no pair of a group is seen outside the window either
+        masked = masked | window_fails
+        full = full & window_holds
     claim_causal = one_doc & window_holds & ~groups_overlap if causal else torch.zeros_like(full)
     return block_type(masked, full, claim_causal)
 

@@ -1,10 +1,11 @@
 """The token rule as one range of positions per row, where the ids allow it.
 
 Under the token rule (`omni_hf.mask.token_rule`) a query at position ``p`` sees the keys of its document that precede it
-(within the window) and every key of its group (image). When each document id and each group id covers one run
-of positions, and the ids of successive runs increase along the row (as the collator and `token_ids_from_spans`
-number them), those keys are one range ``[first, last]``, and so are the queries that see a key at ``p``. The
-CUDA kernels then test a row's range instead of comparing ids for every (query, key) pair.
+(within the window) and every key of its group (image; with ``window_covers_groups``, those within the window). When
+each document id and each group id covers one run of positions, and the ids of successive runs increase along the row
+(as the collator and `token_ids_from_spans` number them), those keys are one range ``[first, last]``, and so are the
+queries that see a key at ``p``. The CUDA kernels then test a row's range instead of comparing ids for every (query,
+key) pair.
 
 Everything here is O(S): a few scans along each row, no host sync, nothing ``S x S``.
 """
@@ -18,12 +19,16 @@ __all__ = ["RANGE_INEXACT", "token_ranges"]
 RANGE_INEXACT = torch.iinfo(torch.int32).min  # `token_ranges` at every position of a row whose ids do not allow ranges
 
 
-def token_ranges(doc_ids: torch.Tensor, group_ids: torch.Tensor, window: int | None) -> torch.Tensor:
+def token_ranges(doc_ids: torch.Tensor, group_ids: torch.Tensor, window: int | None,
+                 window_covers_groups: bool = False) -> torch.Tensor:
     """Per position, the allowed range of keys as a query and of queries as a key.
 
     Args:
         doc_ids, group_ids: int32 ``[B, S]`` token-rule ids (-1: padding / text), as `OmniBlockMask` holds them.
-        window: the causal part's sliding window, or None.
+        window: the sliding window, or None.
+        window_covers_groups: whether the window cuts group pairs too (`omni_hf.mask.token_rule`); then a query sees
+            the keys of its window and the rest of its group after it, and a key the queries of its window and those
+            of its group before it: still one range each.
     Returns:
         int32 ``[B, S, 4]`` on the ids' device: ``(first key, last key, first query, last query)`` that the
         token rule allows for position ``p`` as a query and as a key. Padding positions hold the empty range
@@ -45,10 +50,12 @@ def token_ranges(doc_ids: torch.Tensor, group_ids: torch.Tensor, window: int | N
         reach = min(window - 1, length)  # keeps int32 positions from overflowing
         causal_first = torch.maximum(doc_first, pos - reach)
         causal_last = torch.minimum(doc_last, pos + reach)
-    key_first = torch.where(real, torch.minimum(causal_first, grp_first), 0)  # padding: the empty range (0, -1)
+    if not window_covers_groups:  # a group is seen whole (without a window the causal part covers it anyway)
+        causal_first, causal_last = torch.minimum(causal_first, grp_first), torch.maximum(causal_last, grp_last)
+    key_first = torch.where(real, causal_first, 0)  # padding: the empty range (0, -1)
     key_last = torch.where(real, torch.maximum(pos, grp_last), -1)
     query_first = torch.where(real, torch.minimum(pos, grp_first), 0)
-    query_last = torch.where(real, torch.maximum(causal_last, grp_last), -1)
+    query_last = torch.where(real, causal_last, -1)
     ranges = torch.stack([key_first, key_last, query_first, query_last], dim=-1)
     return torch.where(exact[:, None, None], ranges, RANGE_INEXACT).to(torch.int32).contiguous()
 

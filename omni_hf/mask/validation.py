@@ -9,7 +9,8 @@ from .lists import table_from_lists
 from .token_ranges import token_ranges
 from .types import BLOCK_SIZES, CAUSAL, FULL, PARTIAL, BlockType
 
-__all__ = ["check_ids_from_minus_one", "check_sizes", "check_token_ids", "check_window", "describe_value", "validate"]
+__all__ = ["check_flag", "check_ids_from_minus_one", "check_sizes", "check_token_ids", "check_window", "describe_value",
+           "validate"]
 
 
 def check_sizes(q_len: int, kv_len: int, block_q: int, block_kv: int) -> None:
@@ -24,6 +25,11 @@ def check_sizes(q_len: int, kv_len: int, block_q: int, block_kv: int) -> None:
 def check_window(window) -> None:
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window: expected a positive int or None, got {window!r}")
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {describe_value(value)}")
 
 
 def check_token_ids(doc_ids, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +85,9 @@ def describe_value(value) -> str:
 def validate(m) -> None:
     """All structural checks of `OmniBlockMask.validate` on mask ``m``."""
     check_sizes(m.q_len, m.kv_len, m.block_q, m.block_kv)
+    check_window(m.window)
+    check_flag("window_covers_groups", m.window_covers_groups)
     if m.implicit:
-        check_window(m.window)
         held = [name for name in ("kv", "q", "partial_pool", "token_rule") if getattr(m, name) is not None]
         if held:
             raise ValueError(f"{held[0]}: expected None for an implicit mask (kind {m.kind.name}), got one")
@@ -122,9 +129,9 @@ def _validate_token_ranges(m) -> None:
     expected = (rule.doc_ids.shape[0], m.kv_len, 4)
     if tuple(rule.ranges.shape) != expected or rule.ranges.dtype != torch.int32:
         raise ValueError(f"token_rule.ranges: expected int32 of shape {expected}, got {describe_value(rule.ranges)}")
-    if not torch.equal(rule.ranges, token_ranges(rule.doc_ids, rule.group_ids, m.window)):
-        raise ValueError("token_rule.ranges: differs from token_ranges(doc_ids, group_ids, window); rebuild the mask "
-                         "with from_token_ids after changing its ids or window")
+    if not torch.equal(rule.ranges, token_ranges(rule.doc_ids, rule.group_ids, m.window, m.window_covers_groups)):
+        raise ValueError("token_rule.ranges: differs from token_ranges(doc_ids, group_ids, window, "
+                         "window_covers_groups); rebuild the mask with from_token_ids after changing its ids or window")
 
 
 def _validate_lists(prefix, lists, batch, heads, rows, cols, pool_size) -> None:

@@ -74,7 +74,7 @@ def unsupported_reason(q: torch.Tensor, mask_sizes: Sequence[int]) -> str | None
     """None when the CUDA kernels can run attention of ``q`` (checked against k and v by the caller) with a mask of
     ``mask_sizes`` (`OmniBlockMask.as_tuple`'s), else a short human reason. Any strides are accepted: the op copies
     what its loads cannot read."""
-    q_len, _, block_q, block_kv, _, _ = mask_sizes
+    q_len, _, block_q, block_kv, *_ = mask_sizes
     if not q.is_cuda:
         return "tensors not on a CUDA device"
     if -(-q_len // block_q) > MAX_GRID_YZ or q.shape[0] > MAX_GRID_YZ:
@@ -105,10 +105,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Seq
     """
     num, indices, types, partial = mask_tensors[ROW_VIEW]
     pool, doc, grp, ranges = mask_tensors[SHARED]
-    _, _, block_q, block_kv, window, kind = mask_sizes
+    _, _, block_q, block_kv, window, window_covers_groups, kind = mask_sizes
     return torch.ops.omni_hf.fwd.default(q, k, v, num, indices, types, partial, pool, doc, grp, ranges, kind,
-                                         block_q, block_kv, window, scale, softcap or 0.0, sinks,
-                                         _expanded(bias, q, k))
+                                         block_q, block_kv, window, bool(window_covers_groups), scale, softcap or 0.0,
+                                         sinks, _expanded(bias, q, k))
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -133,10 +133,10 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     num, indices, types, partial = mask_tensors[COLUMN_VIEW]
     pool, doc, grp, ranges = mask_tensors[SHARED]
-    _, _, block_q, block_kv, window, kind = mask_sizes
+    _, _, block_q, block_kv, window, window_covers_groups, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
-                                         kind, block_q, block_kv, window, scale, softcap or 0.0, _expanded(bias, q, k),
-                                         _expanded(dbias, q, k), sinks, dsinks)
+                                         kind, block_q, block_kv, window, bool(window_covers_groups), scale,
+                                         softcap or 0.0, _expanded(bias, q, k), _expanded(dbias, q, k), sinks, dsinks)
 
 
 def _expanded(t: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

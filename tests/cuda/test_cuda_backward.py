@@ -189,18 +189,20 @@ def test_gradients_match_reference_on_random_block_type_mixtures(dtype, dim, blo
 
 @pytest.mark.parametrize("dtype, dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 256),
                                         (torch.float16, 96), (torch.bfloat16, 512)])
-@pytest.mark.parametrize("window", [None, 100])
-def test_gradients_match_reference_under_the_token_rule(dtype, dim, window):
+@pytest.mark.parametrize("window, covers", [(None, False), (100, False), (40, True)])
+def test_gradients_match_reference_under_the_token_rule(dtype, dim, window, covers):
+    """Also with the window (40) over image pairs too."""
     gen = torch.Generator("cuda").manual_seed(11 + (window or 0))
     q_len = kv_len = 900
     q, k, v, dout = _qkv(2, 8, 2, q_len, kv_len, dim, dtype, gen=gen)
     doc, grp = _token_ids(2, kv_len, seed=11 + (window or 0))
-    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window))
+    _check(dout, q, k, v, OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window,
+                                                       window_covers_groups=covers))
 
 
-@pytest.mark.parametrize("window", [None, 200])
+@pytest.mark.parametrize("window, covers", [(None, False), (200, False), (40, True)])
 @pytest.mark.parametrize("dim", [96, 128, 256])
-def test_token_ranges_give_the_gradients_of_the_ids(window, dim):
+def test_token_ranges_give_the_gradients_of_the_ids(window, covers, dim):
     """The sm_90a backward tests the keys' token_ranges where a batch row's ids allow it (row 0; row 1 reuses
     document 0 and compares ids): gradients match the reference, and dk, dv (summed in registers, in a fixed order)
     equal bit for bit those of the same mask without ranges (dq is summed by reductions in any order)."""
@@ -208,7 +210,7 @@ def test_token_ranges_give_the_gradients_of_the_ids(window, dim):
     q, k, v, dout = _qkv(2, 8, 2, 1100, 1100, dim, torch.bfloat16, gen=gen)
     doc, grp = _token_ids(2, 1100, seed=17)
     doc[1, 800:900] = 0
-    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=128, window=window, window_covers_groups=covers)
     assert (mask.token_rule.ranges[0] != RANGE_INEXACT).all() and (mask.token_rule.ranges[1] == RANGE_INEXACT).all()
     _check(dout, q, k, v, mask)
     scale = q.shape[-1] ** -0.5

@@ -1,8 +1,9 @@
 """CPU-only checks of the CUDA library's sources and build (skipped where nvcc or the CUTLASS / torch headers are
 absent): the ABI version and the values Python shares with the library, the torch ops compiled against torch's
 stable ABI at the target version, a library linked so that it needs torch's libraries, one kernel instantiation for
-sm_80, the implicit-mask block rule of csrc/common/mask_rule.cuh run on the host against its definition, and the
-generated instantiations and shared values (csrc/generate_instantiations.py) and head-dim dispatch."""
+sm_80, the implicit-mask block rule and the token rule of csrc/common/mask_rule.cuh run on the host against their
+definitions, and the generated instantiations and shared values (csrc/generate_instantiations.py) and head-dim
+dispatch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from omni_hf import OmniBlockMask, build
 from omni_hf.kernels import loader, table
-from tests.helpers.brute_force import causal_dense
+from tests.helpers.brute_force import causal_dense, random_token_ids, token_rule_dense
 
 
 def needs(*tools: str) -> None:
@@ -234,3 +235,51 @@ def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path
             elif t == 2:
                 assert torch.equal(tile, causal_dense(q_len, kv_len)[rows, cols]), (case, qb, kb)
         assert not (dense & ~covered).any(), case
+
+
+TOKEN_HARNESS = r"""
+#include <cstdio>
+#include <vector>
+#include "common/mask_rule.cuh"
+// Per case "kv_len q_len window covers_groups", the doc ids, the group ids: prints the rule's rows, one 0/1 per key.
+int main() {
+  int kv_len, q_len, window, covers;
+  while (std::scanf("%d %d %d %d", &kv_len, &q_len, &window, &covers) == 4) {
+    std::vector<int> doc(kv_len), grp(kv_len);
+    for (int& id : doc) std::scanf("%d", &id);
+    for (int& id : grp) std::scanf("%d", &id);
+    for (int i = 0; i < q_len; ++i) {
+      const int qpos = i + kv_len - q_len;
+      for (int j = 0; j < kv_len; ++j)
+        std::putchar('0' + omni::token_allowed(doc[qpos], grp[qpos], doc[j], grp[j], qpos, j, window, covers != 0));
+      std::putchar('\n');
+    }
+  }
+  return 0;
+}
+"""
+
+
+def test_token_rule_of_the_kernels_is_its_definition_for_both_window_scopes(tmp_path):
+    """`token_allowed` (csrc/common/mask_rule.cuh, what every kernel evaluates on token-rule tiles), run on the host
+    over random ids with padding, packed documents and groups longer and shorter than the window, q_len < kv_len:
+    equal to the brute-force token rule with the window over the causal part and with the window over groups too."""
+    needs()
+    exe = host_program(TOKEN_HARNESS, tmp_path / "token_harness")
+    cases, lines = [], []
+    for seed, (kv_len, q_len, window) in enumerate([(150, 150, 7), (150, 61, 40), (97, 97, 0), (200, 1, 90),
+                                                    (130, 33, 1), (300, 300, 250)]):
+        doc, grp = random_token_ids(1, kv_len, seed)
+        for covers in (0, 1):
+            cases.append((doc, grp, q_len, window, covers))
+            lines += [f"{kv_len} {q_len} {window} {covers}", " ".join(map(str, doc[0].tolist())),
+                      " ".join(map(str, grp[0].tolist()))]
+    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True).stdout
+    rows, expected_by_scope = iter(out.split()), {0: [], 1: []}
+    for doc, grp, q_len, window, covers in cases:
+        got = torch.tensor([[c == "1" for c in next(rows)] for _ in range(q_len)])
+        expected = token_rule_dense(doc, grp, q_len, window or None, bool(covers))[0, 0]
+        assert torch.equal(got, expected), (doc.shape[1], q_len, window, covers)
+        expected_by_scope[covers].append(expected)
+    assert next(rows, None) is None
+    assert sum(not torch.equal(*pair) for pair in zip(*expected_by_scope.values())) >= 3, "the scopes should differ"

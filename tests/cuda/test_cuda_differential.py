@@ -3,11 +3,14 @@ configuration from its seed (the test id says it): random token-rule masks (pack
 windows; ids of batch 1 broadcast now and then) and random dense masks (every block type, per-head masks, emptied
 rows), lengths up to ~4k off the block grid, batch 2, GQA 1 / 4 / 8, head dims 64 / 96 / 128, fp16 / bf16,
 q_len < kv_len and q_len = 1, the four block-size pairs, BSHD views (what Transformers hands over) or contiguous
-BHSD, and on Hopper the sm_90a or the sm_80 kernels. Then 120 cases of implicit masks (seeds 240 to 359):
+BHSD, and on Hopper the sm_90a or the sm_80 kernels; half the windowed token-rule cases cut image pairs too
+(``window_covers_groups``). Then 120 cases of implicit masks (seeds 240 to 359):
 ``OmniBlockMask.causal`` (a random window about half the time) and ``OmniBlockMask.full``, lengths as above, GQA 1 to
 16, head dims 64 / 96 / 128 and now and then 40 or 80 (run on the next instantiated dim), q_len = kv_len, 1, 2 to 16
 or random, some 40% of them with at most 16 query rows per KV head (q_len * Hq / Hkv), whose forward runs on the
-split-KV decode kernel (up to 8 KV heads there).
+split-KV decode kernel (up to 8 KV heads there). Then 60 cases of token-rule masks whose window cuts image pairs too
+(seeds 360 to 419): windows of 1 to 400 keys against images of 20 to 600, ids numbered as the collator does (each
+document and image one run: the Hopper kernels test ranges) or at random (shared and split ids: they compare ids).
 
 Each case runs the public op, ``omni_hf.omni_attention`` with ``OMNI_HF_BACKEND=cuda`` (forward and autograd
 backward), and compares out, LSE, dq, dk and dv with the reference in float64 under the brute-force dense mask (for an
@@ -32,12 +35,13 @@ import torch
 
 from omni_hf import OmniBlockMask, omni_attention
 from omni_hf.ops import reference
-from tests.helpers.brute_force import causal_dense, random_token_ids, relative_error, token_rule_dense
+from tests.helpers.brute_force import causal_dense, packed_vlm_ids, random_token_ids, relative_error, token_rule_dense
 
 pytestmark = pytest.mark.gpu
 
 CASES = 240
 IMPLICIT_CASES = 120  # seeds CASES to CASES + IMPLICIT_CASES - 1
+WINDOWED_GROUP_CASES = 60  # the seeds after those
 DECODE_ROWS = 16  # csrc/decode/decode.cuh kMaxRows: implicit masks with q_len * Hq / Hkv <= 16 take the decode kernel
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as tests/cuda/test_cuda_backward.py derives it
 LSE_ATOL = 2e-3  # as tests/cuda/test_cuda_forward.py
@@ -85,6 +89,8 @@ class Case:
     ids_batch: int  # token rule: batch of the ids (1 broadcasts over the batch of 2)
     mask_heads: int  # dense: 1 or heads_q
     no_sm90: bool  # OMNI_HF_DISABLE_SM90=1 (the sm_80 kernels on Hopper)
+    window_covers_groups: bool = False  # token rule: the window cuts image pairs too
+    collator_ids: bool = False  # token rule: ids numbered as the collator does (packed_vlm_ids), else random ones
 
     @classmethod
     def draw(cls, seed: int) -> Case:
@@ -101,7 +107,25 @@ class Case:
                    kv_len=kv_len, blocks=BLOCKS[draw(0, 3)], bshd=bool(draw(0, 1)),
                    window=draw(1, kv_len) if kind == "token" and draw(0, 1) else None,
                    ids_batch=1 if kind == "token" and draw(0, 7) == 0 else 2, mask_heads=heads_q if per_head else 1,
-                   no_sm90=bool(draw(0, 1)))
+                   no_sm90=bool(draw(0, 1)))._window_scope(draw)
+
+    def _window_scope(self, draw: Callable[[int, int], int]) -> Case:
+        """Half the windowed token-rule cases with the window over image pairs too (drawn after every other draw, so
+        the rest of a seed's case stays what it was)."""
+        return dataclasses.replace(self, window_covers_groups=self.window is not None and bool(draw(0, 1)))
+
+    @classmethod
+    def draw_windowed_groups(cls, seed: int) -> Case:
+        """A token-rule mask whose window (1 to 400 keys) cuts image pairs too, ids as the collator numbers them for
+        an even seed, random for an odd one."""
+        draw = drawer(seed)
+        kv_len = draw_kv_len(draw)
+        heads_kv = draw(1, 2)
+        return cls(seed=seed, kind="token", dtype=(torch.float16, torch.bfloat16)[draw(0, 1)],
+                   dim=(64, 96, 128)[draw(0, 2)], heads_q=heads_kv * (1, 4, 8)[draw(0, 2)], heads_kv=heads_kv,
+                   q_len=(kv_len, 1, draw(1, kv_len))[draw(0, 2)], kv_len=kv_len, blocks=BLOCKS[draw(0, 3)],
+                   bshd=bool(draw(0, 1)), window=draw(1, 400), ids_batch=2, mask_heads=1, no_sm90=bool(draw(0, 1)),
+                   window_covers_groups=True, collator_ids=seed % 2 == 0)
 
     @classmethod
     def draw_implicit(cls, seed: int) -> Case:
@@ -122,7 +146,8 @@ class Case:
         layout, path = "bshd" if self.bshd else "bhsd", "sm80" if self.no_sm90 else "auto"
         return (f"{self.seed:03d}-{self.kind}-{str(self.dtype)[6:]}-d{self.dim}-Hq{self.heads_q}-Hkv{self.heads_kv}-"
                 f"q{self.q_len}-kv{self.kv_len}-blocks{self.blocks[0]}x{self.blocks[1]}-{layout}-window{self.window}-"
-                f"ids{self.ids_batch}-maskheads{self.mask_heads}-{path}")
+                f"ids{self.ids_batch}{'-collator' if self.collator_ids else ''}-maskheads{self.mask_heads}-{path}"
+                + ("-windowcoversgroups" if self.window_covers_groups else ""))
 
 
 def random_block_dense(case: Case, gen: torch.Generator) -> torch.Tensor:
@@ -164,11 +189,15 @@ def mask_of(case: Case, gen: torch.Generator) -> tuple[OmniBlockMask, torch.Tens
     if case.kind == "dense":
         dense = random_block_dense(case, gen)
         return OmniBlockMask.from_dense(dense, block_size=(block_q, block_kv)), dense
-    doc, grp = (ids.cuda() for ids in random_token_ids(2, case.kv_len, case.seed))
+    if case.collator_ids:
+        doc, grp = packed_vlm_ids(2, case.kv_len, case.seed, doc_range=(40, 2000), image_range=(20, 600), gaps=True)
+    else:
+        doc, grp = random_token_ids(2, case.kv_len, case.seed)
+    doc, grp = doc.cuda(), grp.cuda()
     doc = doc[:1] if case.ids_batch == 1 else doc
     mask = OmniBlockMask.from_token_ids(doc, grp, q_len=case.q_len, block_size=(block_q, block_kv),
-                                        window=case.window)
-    return mask, token_rule_dense(doc.expand(2, -1), grp, case.q_len, case.window)
+                                        window=case.window, window_covers_groups=case.window_covers_groups)
+    return mask, token_rule_dense(doc.expand(2, -1), grp, case.q_len, case.window, case.window_covers_groups)
 
 
 def leaves(case: Case, gen: torch.Generator) -> list[torch.Tensor]:
@@ -261,4 +290,10 @@ def test_cuda_kernels_match_float64_reference_on_random_masks(case, monkeypatch)
 
 @pytest.mark.parametrize("case", [Case.draw_implicit(seed) for seed in range(CASES, CASES + IMPLICIT_CASES)], ids=str)
 def test_cuda_kernels_match_float64_reference_on_implicit_masks(case, monkeypatch):
+    check_case(case, monkeypatch)
+
+
+@pytest.mark.parametrize("case", [Case.draw_windowed_groups(seed) for seed in range(
+    CASES + IMPLICIT_CASES, CASES + IMPLICIT_CASES + WINDOWED_GROUP_CASES)], ids=str)
+def test_cuda_kernels_match_float64_reference_with_the_window_over_image_pairs(case, monkeypatch):
     check_case(case, monkeypatch)

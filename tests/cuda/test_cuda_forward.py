@@ -73,15 +73,16 @@ def test_token_rule_with_sliding_window(window):
     assert_matches_reference(q, k, v, mask)
 
 
-@pytest.mark.parametrize("window", (None, 300))
+@pytest.mark.parametrize("window, covers", ((None, False), (300, False), (60, True)))
 @pytest.mark.parametrize("q_len", (700, 2000))
-def test_token_ranges_mask_exactly_as_the_ids_do(window, q_len):
+def test_token_ranges_mask_exactly_as_the_ids_do(window, covers, q_len):
     """Masks from from_token_ids carry token_ranges, which the sm_90a kernels test instead of the ids where a batch
     row's ids allow it (row 0); row 1 reuses document 0, so its items compare ids. Both match the reference, and the
-    output is bit for bit that of the same mask without ranges (ids everywhere)."""
+    output is bit for bit that of the same mask without ranges (ids everywhere); also where the window (60) cuts
+    image pairs (images of 30 to 200 keys) too."""
     doc, grp = packed_vlm_ids(2, 2000, seed=31, device="cuda")
     doc[1, 1500:1600] = 0
-    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=window, window_covers_groups=covers)
     assert (mask.token_rule.ranges[0] != RANGE_INEXACT).all() and (mask.token_rule.ranges[1] == RANGE_INEXACT).all()
     q, k, v = _qkv(2, 8, 2, q_len, 2000, 128, torch.bfloat16, seed=5)
     out, lse = assert_matches_reference(q, k, v, mask)

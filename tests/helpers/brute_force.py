@@ -18,16 +18,22 @@ def causal_dense(q_len: int, kv_len: int, window: int | None = None) -> torch.Te
     return (back >= 0) if window is None else (back >= 0) & (back < window)
 
 
-def token_rule_dense(doc: torch.Tensor, grp: torch.Tensor, q_len: int, window: int | None = None) -> torch.Tensor:
-    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in docs/design.md (on doc's device)."""
+def token_rule_dense(doc: torch.Tensor, grp: torch.Tensor, q_len: int, window: int | None = None,
+                     window_covers_groups: bool = False) -> torch.Tensor:
+    """bool [B, 1, q_len, kv_len] of the token rule, written from its definition in docs/design.md (on doc's device):
+    the window cuts the causal part, or with ``window_covers_groups`` every pair (group pairs too)."""
     kv_len = doc.shape[-1]
     doc, grp = doc.long(), grp.long()
     i = torch.arange(kv_len - q_len, kv_len, device=doc.device)[:, None]
     j = torch.arange(kv_len, device=doc.device)[None, :]
     q_doc, k_doc = doc[:, i], doc[:, j]
     q_grp, k_grp = grp[:, i], grp[:, j]
-    near = (j <= i) if window is None else (j <= i) & (i - j < window)
-    allowed = (q_doc >= 0) & (q_doc == k_doc) & (near | ((q_grp >= 0) & (q_grp == k_grp)))
+    in_window = torch.ones_like(j <= i) if window is None else i - j < window
+    same_doc, same_group = (q_doc >= 0) & (q_doc == k_doc), (q_grp >= 0) & (q_grp == k_grp)
+    if window_covers_groups:
+        allowed = same_doc & in_window & ((j <= i) | same_group)
+    else:
+        allowed = same_doc & (((j <= i) & in_window) | same_group)
     return allowed[:, None]
 
 
@@ -130,7 +136,7 @@ def dense_from_block_table(types, pool_ids, mask) -> torch.Tensor:
             assert mask.token_rule is not None, "PARTIAL blocks with pool id -1 need the token rule's ids"
             doc, grp = mask.token_rule.doc_ids.cpu(), mask.token_rule.group_ids.cpu()
         token = torch.zeros(doc.shape[0], nq * bq, nk * bk, dtype=torch.bool)
-        token[:, :q_len, :kv_len] = token_rule_dense(doc, grp, q_len, mask.window)[:, 0]
+        token[:, :q_len, :kv_len] = token_rule_dense(doc, grp, q_len, mask.window, mask.window_covers_groups)[:, 0]
     for b, h, r, c in torch.nonzero(types).tolist():
         rows, cols = slice(r * bq, (r + 1) * bq), slice(c * bk, (c + 1) * bk)
         kind, pool_id = int(types[b, h, r, c]), int(pool_ids[b, h, r, c])

@@ -85,7 +85,6 @@ from transformers import (
     WhisperConfig,
     WhisperForConditionalGeneration,
 )
-from transformers.models.gemma4 import modeling_gemma4
 
 import omni_hf
 from omni_hf import OmniBlockMask
@@ -482,9 +481,9 @@ def test_llava_image_tokens_in_a_left_padded_batch_match_eager():
 
 
 def gemma4_config(window: int = 3, global_head_dim: int = 32, vision_head_dim: int = 16):
-    """Sliding layers of ``window`` (3: shorter than an image or a video frame, 4 tokens each, so the window cuts
-    into them); global layers at ``global_head_dim``; a 1-layer vision tower, a 1-layer audio tower (chunked
-    attention of its own)."""
+    """Sliding layers of ``window`` (3: shorter than an image or a video frame, so the window cuts into them);
+    global layers at ``global_head_dim``; a 1-layer vision tower, a 1-layer audio tower (eager-only chunked
+    attention)."""
     text_config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=global_head_dim,
                        sliding_window=window, layer_types=["sliding_attention", "full_attention"],
@@ -500,21 +499,22 @@ def gemma4_config(window: int = 3, global_head_dim: int = 32, vision_head_dim: i
                         eoa_token_index=EOA, audio_token_id=AUDIO, tie_word_embeddings=False)
 
 
-def gemma4_patches(frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pixel patches ``[frames, 16, 48]`` of 4 x 4 patches (4 tokens after pooling) and their (x, y) positions."""
-    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+def gemma4_patches(frames: int, seed: int, width: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel patches ``[frames, 4 * width, 48]`` of 4 x ``width`` patches (``width`` tokens after pooling) and their
+    (x, y) positions."""
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(width), indexing="ij")
     positions = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(frames, -1, -1)
-    return randn(frames, 16, 48, seed=seed), positions
+    return randn(frames, 4 * width, 48, seed=seed), positions
 
 
 def gemma4_batch(rows: int) -> dict:
-    """Row 0: an image and an audio clip (4 tokens each); row 1, padded 4 on the left: a video of two frames (4
+    """Row 0: an image of 6 tokens and an audio clip of 4; row 1, padded 4 on the left: a video of two frames (4
     tokens each, a timestamp token between them). ``rows`` 1 keeps row 0 alone."""
     ids = text(2, 30, seed=30)
-    ids[0, 2:8] = torch.tensor([BOI] + [IMAGE] * 4 + [EOI])
-    ids[0, 10:16] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
+    ids[0, 2:10] = torch.tensor([BOI] + [IMAGE] * 6 + [EOI])
+    ids[0, 12:18] = torch.tensor([BOA] + [AUDIO] * 4 + [EOA])
     ids[1, 5:11] = ids[1, 12:18] = torch.tensor([BOI] + [VIDEO] * 4 + [EOI])
-    pixel_values, image_position_ids = gemma4_patches(1, seed=31)
+    pixel_values, image_position_ids = gemma4_patches(1, seed=31, width=6)
     inputs = dict(input_ids=ids, attention_mask=padding([30, 26], 30, left=True), pixel_values=pixel_values,
                   image_position_ids=image_position_ids, input_features=randn(1, 16, 8, seed=33),
                   input_features_mask=torch.ones(1, 16, dtype=torch.bool))
@@ -546,29 +546,20 @@ def mask_paths():
         yield paths
 
 
-def gemma4_windows_cut_images() -> bool:
-    """Whether this Transformers' Gemma 4 sliding layers let the window cut an image: ``(causal or same image) and
-    inside the window`` (5.24, composed by its ``create_masks_for_vision_model``), where 5.9 keeps each image whole
-    (``(causal and inside the window) or same image``: the token rule with the window, exact at any window)."""
-    return hasattr(modeling_gemma4, "create_masks_for_vision_model")
-
-
-@pytest.mark.parametrize("window", [4, 3], ids=["window-spares-images", "window-cuts-images"])
+@pytest.mark.parametrize("window", [8, 3], ids=["window-spares-images", "window-cuts-images"])
 @pytest.mark.parametrize("rows", [1, 2], ids=["image-and-audio", "left-padded-batch-with-video"])
 def test_gemma4_images_video_and_audio_match_eager_with_the_audio_tower_on_its_own_attention(rows, window):
-    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them; the audio tower
+    """Images and video frames bidirectional, cut by the sliding window as Transformers cuts them (window 3 against
+    an image of 6 tokens and frames of 4: the token rule with `window_covers_groups`); the audio tower (eager-only)
     keeps its chunked attention and the mask eager gives it, never omni's spec. Per forward, the global layers' mask
-    (causal with padding) takes the token rule, and so do the sliding layers' where the window cuts no image (4, the
-    length of an image and of a frame; or under a rule that keeps images whole); a window of 3 that cuts them is
-    Transformers' mask, evaluated tile by tile."""
+    (causal with padding) and the sliding layers' are both the token rule, never tile by tile."""
     inputs = gemma4_batch(rows)
     with mask_paths() as taken:
         assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(window)), inputs,
                             logits_at(inputs["attention_mask"].bool()),
                             {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2},
                             own={"Gemma4AudioModel": "eager"})
-    cut = window < 4 and gemma4_windows_cut_images()
-    assert dict(taken) == ({"token rule": 1, "tile by tile": 1} if cut else {"token rule": 2})
+    assert dict(taken) == {"token rule": 2}
 
 
 def tempered_gemma4(global_head_dim: int, vision_head_dim: int = 16) -> Callable:
@@ -615,6 +606,23 @@ def test_a_tower_whose_attention_never_calls_the_function_keeps_it_though_its_cl
     switched = build("eager")
     switched.set_attn_implementation("omni")
     assert_implementations(switched, "omni", {"Gemma4AudioModel": "eager"})
+
+
+def test_gemma4_packed_rows_of_images_under_the_window_match_eager_through_the_token_rule():
+    """Two rows of two samples packed by ``position_ids`` (no attention mask, no cache: Transformers packs them), three
+    images of 8 tokens against window 3. From 5.24 Transformers reads a packed sample's image ids at positions
+    counted from the sample's start, and omni reads them so too; every mask is the token rule."""
+    ids = text(2, 30, seed=57)
+    ids[0, 2:12] = ids[0, 17:27] = ids[1, 6:16] = torch.tensor([BOI] + [IMAGE] * 8 + [EOI])
+    positions = torch.tensor([list(range(14)) + list(range(16)), list(range(20)) + list(range(10))])
+    pixel_values, image_position_ids = gemma4_patches(3, seed=58, width=8)
+    inputs = dict(input_ids=ids, position_ids=positions, use_cache=False, pixel_values=pixel_values,
+                  image_position_ids=image_position_ids, mm_token_type_ids=(ids == IMAGE).long())
+    with mask_paths() as taken:
+        assert_omni_matches(from_config(Gemma4ForConditionalGeneration, gemma4_config(3)), inputs,
+                            logits_at(torch.ones_like(ids, dtype=torch.bool)),
+                            {"Gemma4VisionAttention": 1, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+    assert dict(taken) == {"token rule": 2}
 
 
 def deepseek_vl_hybrid_config():
@@ -771,6 +779,24 @@ def forward_runs_here(build, inputs: dict) -> None:
             build("eager")(**inputs)
     except AttributeError as error:
         pytest.skip(f"the forward fails under eager on Transformers {transformers.__version__}: {error}")
+
+
+def test_molmo2_pooling_in_inference_with_every_slot_real_is_full_not_tile_by_tile():
+    """Without autograd an all-real padding mask is dropped at one host sync (as sdpa drops it); the pooling's
+    cross-attention (one query over its four patches, none a padding slot) is then every key, implicit, never
+    evaluated tile by tile. Logits as eager's."""
+    pooling = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]])
+    inputs = image_rows(seed=59) | dict(
+        pixel_values=randn(2, 16, 48, seed=60), image_grids=torch.tensor([[2, 2, 0, 0], [2, 2, 0, 0]]),
+        image_token_pooling=torch.cat([pooling, pooling + 16]), image_num_crops=torch.tensor([1, 1]))
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).long()
+    omni, ref, _ = models(from_config(installed("Molmo2ForConditionalGeneration"), molmo2_config()), CPU)
+    rows = inputs["attention_mask"].bool()
+    with torch.no_grad(), mask_paths() as taken:
+        got = omni(**inputs).logits[rows]
+    with torch.no_grad():
+        assert_close_to_reference(got, ref(**inputs).logits[rows])
+    assert dict(taken) == {"token rule": 1}  # the language model's (padded rows); nothing tile by tile
 
 
 def image_rows(seed: int, tokens: int = 4) -> dict:

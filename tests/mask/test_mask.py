@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omni_hf import BlockType, OmniBlockMask, token_ids_from_spans
+from omni_hf.kernels.token_mask import token_mask
 from omni_hf.mask import RANGE_INEXACT, token_ranges
 from tests.helpers.brute_force import causal_dense, packed_vlm_ids, random_token_ids, spans_dense, token_rule_dense
 
@@ -383,6 +384,8 @@ def test_validate_reports_each_broken_invariant():
      "group_ids: expected the shape"),
     (lambda: OmniBlockMask.from_token_ids(torch.zeros(1, 10, dtype=torch.int32), q_len=11), "q_len: expected at most"),
     (lambda: OmniBlockMask.from_token_ids(torch.zeros(1, 10, dtype=torch.int32), window=0), "window: expected"),
+    (lambda: OmniBlockMask.from_token_ids(torch.zeros(1, 10, dtype=torch.int32), window=4, window_covers_groups=1),
+     "window_covers_groups: expected a bool, got int"),
     (lambda: OmniBlockMask.from_dense(torch.ones(3, 4)), "dense: expected a bool tensor"),
     (lambda: OmniBlockMask.from_dense(torch.ones(2, 3, 4, dtype=torch.bool)), "dense: expected shape"),
 ])
@@ -422,18 +425,20 @@ def test_from_token_ids_on_the_gpu_never_syncs_and_equals_the_cpu_build(backend,
     monkeypatch.setenv("OMNI_HF_BACKEND", backend)
     doc = torch.arange(5000, dtype=torch.int32)[None] // 1300
     grp = torch.where((torch.arange(5000) % 1000) > 700, torch.arange(5000) // 1000, -1).int()[None]
-    expected = OmniBlockMask.from_token_ids(doc, grp, q_len=4000, window=2048)
-    doc_gpu, grp_gpu = doc.cuda(), grp.cuda()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        mask = OmniBlockMask.from_token_ids(doc_gpu, grp_gpu, q_len=4000, window=2048)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    (tensors, sizes), (expected_tensors, expected_sizes) = mask.as_tuple(), expected.as_tuple()
-    assert sizes == expected_sizes
-    for index, (value, want) in enumerate(zip(tensors, expected_tensors, strict=True)):
-        assert value.is_cuda and torch.equal(value.cpu(), want), index
+    for window, covers in ((2048, False), (200, True)):  # the window over the causal part, or groups of 299 too
+        args = dict(q_len=4000, window=window, window_covers_groups=covers)
+        expected = OmniBlockMask.from_token_ids(doc, grp, **args)
+        doc_gpu, grp_gpu = doc.cuda(), grp.cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            mask = OmniBlockMask.from_token_ids(doc_gpu, grp_gpu, **args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        (tensors, sizes), (expected_tensors, expected_sizes) = mask.as_tuple(), expected.as_tuple()
+        assert sizes == expected_sizes
+        for index, (value, want) in enumerate(zip(tensors, expected_tensors, strict=True)):
+            assert value.is_cuda and torch.equal(value.cpu(), want), index
 
 
 @pytest.mark.gpu
@@ -445,11 +450,10 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
     doc, grp = ids
     q_len = data.draw(st.integers(1, doc.shape[1]))
     window = data.draw(st.one_of(st.none(), st.integers(1, 3000)))
-    args = dict(q_len=q_len, block_size=(block_q, block_kv), window=window)
+    covers = data.draw(st.booleans(), "window_covers_groups")
+    args = dict(q_len=q_len, block_size=(block_q, block_kv), window=window, window_covers_groups=covers)
     expected = OmniBlockMask.from_token_ids(doc, grp, **args)
-    from omni_hf.ops import library
-
-    built = library.token_mask(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window)
+    built = token_mask(doc.cuda(), grp.cuda(), q_len, block_q, block_kv, window, covers)
     mask = OmniBlockMask.from_token_ids(doc.cuda(), grp.cuda(), **args)
     expected_tensors, _ = expected.as_tuple()
     wanted = [*expected_tensors[:8], expected_tensors[-1]]  # the two views, then the token ranges
@@ -463,16 +467,14 @@ def test_library_token_mask_build_equals_the_pytorch_build(ids, block_q, block_k
 @pytest.mark.gpu
 @pytest.mark.parametrize("length", [2047, 2048, 2049, 4097, 8197, 40000])  # the library scans chunks of 2048
 @pytest.mark.parametrize("ids", ["packed", "random"])
-@pytest.mark.parametrize("window", [None, 1000])
-def test_library_token_ranges_equal_the_pytorch_ones_across_scan_chunks(length, ids, window):
+@pytest.mark.parametrize("window, covers", [(None, False), (1000, False), (1000, True)])
+def test_library_token_ranges_equal_the_pytorch_ones_across_scan_chunks(length, ids, window, covers):
     """Runs of documents and images that cross the library's scan chunks, in rows with ranges (packed) and rows
     mostly without (random: shared and split ids), batch 3."""
     doc, grp = (packed_vlm_ids(3, length, seed=length, doc_range=(100, 9000), image_range=(30, 5000), gaps=True)
                 if ids == "packed" else random_token_ids(3, length, seed=length))
-    expected = token_ranges(doc, grp, window)
-    from omni_hf.ops import library
-
-    *_, built = library.token_mask(doc.cuda(), grp.cuda(), length, 128, 128, window)
+    expected = token_ranges(doc, grp, window, covers)
+    *_, built = token_mask(doc.cuda(), grp.cuda(), length, 128, 128, window, covers)
     assert torch.equal(built.cpu(), expected)
     if ids == "packed":
         assert bool((expected != RANGE_INEXACT).all())

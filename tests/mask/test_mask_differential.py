@@ -28,6 +28,7 @@ from tests.helpers.brute_force import (
     causal_dense,
     flex_dense,
     naive_attention,
+    packed_vlm_ids,
     placed_samples_dense,
     random_token_ids,
     relative_error,
@@ -145,7 +146,7 @@ def test_from_token_id_ranges_equals_the_token_rule_of_those_positions(seed, blo
     mask = OmniBlockMask.from_token_id_ranges(doc, grp, queries, keys, block_size=blocks, window=window)
     rule = token_rule_dense(doc, grp, length, window)[..., queries[0]:queries[1], keys[0]:keys[1]]
     assert_mask_is(mask, rule, seed=seed)
-    aligned = keys[1] == queries[1]
+    aligned = keys[1] == queries[1] and keys[0] <= queries[0]
     assert aligned == (mask.token_rule is not None)
     assert aligned or not (mask.block_table()[0] == BlockType.CAUSAL).any()
 
@@ -159,6 +160,28 @@ def test_from_token_id_ranges_refuses_ranges_outside_the_rows(queries, keys, mes
     doc = torch.zeros(2, 40, dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
         OmniBlockMask.from_token_id_ranges(doc, None, queries, keys)
+
+
+@SETTINGS
+@given(st.integers(0, 2**31 - 1), st.sampled_from(BLOCKS), st.sampled_from(["same", "doc 1", "group 1"]), st.data())
+def test_from_token_ids_with_the_window_over_groups_equals_its_definition_and_lists_no_block_past_the_window(
+        seed, blocks, ids_batch, data):
+    """``window_covers_groups``: batch 3 (ids of batch 1 broadcast now and then), groups of up to 300 keys against
+    windows shorter and longer than them, q_len < kv_len and q_len = 1. Every pair is exact (so FULL, CAUSAL and
+    MASKED claims hold), and no listed block lies wholly further back than the window: the window saves its blocks."""
+    kv_len = data.draw(st.integers(1, 900), "kv_len")
+    q_len = data.draw(st.one_of(st.just(kv_len), st.just(1), st.integers(1, kv_len)), "q_len")
+    window = data.draw(st.integers(1, 400), "window")
+    doc, grp = random_token_ids(3, kv_len, seed)
+    doc, grp = (doc[:1] if ids_batch == "doc 1" else doc), (grp[:1] if ids_batch == "group 1" else grp)
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=blocks, window=window,
+                                        window_covers_groups=True)
+    assert mask.batch == 3 and mask.window_covers_groups
+    assert_mask_is(mask, token_rule_dense(doc.expand(3, -1), grp.expand(3, -1), q_len, window, True), seed=seed)
+    types, _ = mask.block_table()
+    qb, kb = torch.nonzero(types.amax((0, 1)), as_tuple=True)  # blocks listed in any batch row
+    nearest_gap = (qb * blocks[0] + kv_len - q_len) - torch.clamp((kb + 1) * blocks[1], max=kv_len) + 1
+    assert bool((nearest_gap < window).all()), "a block wholly past the window is listed"
 
 
 @st.composite
@@ -448,7 +471,8 @@ def block_sequence_ids(length: int, seed: int) -> torch.Tensor:
 
 
 HF_SOURCES = ("causal", "bidirectional", "sliding window", "chunked", "packed by position_ids",
-              "packed by position_ids, sliding window", "image blocks", "image blocks, sliding window (tile by tile)",
+              "packed by position_ids, sliding window", "image blocks", "image blocks, sliding window",
+              "image blocks under a sliding window", "packed by position_ids, image blocks under a sliding window",
               "a model's or-function (tile by tile)", "decode, dynamic cache", "chunked prefill, dynamic cache",
               "prefill, empty static cache", "chunked prefill, static cache", "decode, static cache",
               "sliding window cache",
@@ -480,6 +504,12 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
         args |= dict(mask_function=hf.bidirectional_mask_function, allow_is_bidirectional_skip=True)
     elif "sliding window" in source and "packed" not in source and "image" not in source:
         args |= dict(mask_function=sliding, local_size=window)
+    elif "image blocks under a sliding window" in source:  # Gemma 3 / 4's sliding layers: images cut by the window
+        blocks = hf.or_masks(hf.causal_mask_function, hf.blockwise_overlay(block_sequence_ids(q_len, seed)))
+        inner = hf.and_masks(blocks, hf.sliding_window_overlay(window))
+        if source.startswith("packed"):
+            inner = packed_mask_function(inner, restarting_positions(q_len, seed))
+        args |= dict(mask_function=inner, local_size=window, use_vmap=True)
     elif source == "chunked":
         leading_padding = torch.zeros(HF_BATCH, dtype=torch.int64)
         if attention_mask is not None:
@@ -531,8 +561,10 @@ def test_transformers_spec_mask_and_attention_equal_sdpa_mask_on_real_rows(sourc
     """The block mask a layer builds from the "omni" spec, and the layer's attention, against Transformers' sdpa
     mask made with the same arguments: batch 3, several blocks, padding or none (per-row image ids beside ids of
     one row), caches (q_len < kv_len; static caches with their key rotation), with the builders' and the
-    reference's row chunks shrunk for half the cases."""
+    reference's row chunks shrunk for half the cases. Only the sources marked so are evaluated tile by tile."""
     seed = HF_CASES.index((source, padding))
+    tile_by_tile, build = [], OmniBlockMask.from_mask_fn
+    monkeypatch.setattr(OmniBlockMask, "from_mask_fn", lambda *a, **k: tile_by_tile.append(1) or build(*a, **k))
     args, rows = hf_mask_arguments(source, padding, seed)
     q_len, kv_len = args["q_length"], args["kv_length"]
     truth = hf.sdpa_mask(**{**args, "allow_is_bidirectional_skip": False}, allow_is_causal_skip=False)
@@ -548,6 +580,7 @@ def test_transformers_spec_mask_and_attention_equal_sdpa_mask_on_real_rows(sourc
     read = block_mask_dense(block_mask).expand(HF_BATCH, -1, -1, -1)[:, 0]
     expected = truth[:, 0][..., slots]
     assert torch.equal(read[rows], expected[rows]), first_difference(read[rows], expected[rows])
+    assert bool(tile_by_tile) == ("tile by tile" in source)
 
     out, _ = omni_attention_forward(torch.nn.Module(), q, k, v, spec, scaling=0.25)
     gold, _ = naive_attention(q.double(), k.double(), v.double(), truth, 0.25)
@@ -720,6 +753,36 @@ def test_reference_matches_float64_softmax_across_row_chunks_with_gqa_and_empty_
     if kind == "token rule with padding":
         assert (~live).any(), "the first query row is padding"
     assert_structural_zeros(out, lse, grads, allowed, heads_kv)
+
+
+@pytest.mark.parametrize("blocks", [(64, 64), (128, 128), (64, 128)])
+@pytest.mark.parametrize("q_len", [1, 150, 333])
+def test_reference_with_the_window_over_groups_matches_float64_softmax(blocks, q_len, monkeypatch):
+    """The reference under a ``window_covers_groups`` mask (window 45 against images of 50 to 200 keys in packed
+    documents, a padding row, GQA 4:2, batch 2, q_len <= kv_len 333 across blocks and the reference's row chunks)
+    against float64 softmax under the brute-force rule."""
+    seed = 77 + q_len + blocks[0] + 2 * blocks[1]
+    doc, grp = packed_vlm_ids(2, 333, seed, doc_range=(60, 250), text_range=(1, 40), image_range=(50, 200),
+                              padded=False)
+    if q_len > 1:
+        doc[:, 333 - q_len] = -1  # the first query row is padding
+    mask = OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, block_size=blocks, window=45, window_covers_groups=True)
+    allowed = token_rule_dense(doc, grp, q_len, 45, window_covers_groups=True)
+    assert not torch.equal(allowed, token_rule_dense(doc, grp, q_len, 45)), "the groups should outreach the window"
+    q, k, v, dout = random_inputs(2, 4, 2, q_len, 333, 32, seed)
+    shrink_reference_chunks(monkeypatch, 13, 2, 4, 333)
+    out, lse = reference.attention_forward(q, k, v, mask, 0.2)
+    grads = reference.attention_backward(dout, q, k, v, out, lse, mask, 0.2)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    gold, gold_lse = naive_attention(*leaves, allowed, 0.2)
+    gold.backward(dout)
+    live = torch.isfinite(gold_lse)
+    assert live.sum() >= q_len, "most rows should see keys"
+    assert relative_error(out, gold) < 1e-12
+    assert relative_error(lse[live], gold_lse[live]) < 1e-7
+    for name, grad, leaf in zip(("dq", "dk", "dv"), grads, leaves):
+        assert relative_error(grad, leaf.grad) < 1e-6, name
+    assert_structural_zeros(out, lse, grads, allowed, 2)
 
 
 @pytest.mark.parametrize("case", attention_cases()[::2], ids=attention_case_id)

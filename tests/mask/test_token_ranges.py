@@ -39,10 +39,11 @@ def ranges_allowed(doc: torch.Tensor, grp: torch.Tensor) -> list[bool]:
     return verdicts
 
 
-def assert_ranges_are_the_token_rule(doc: torch.Tensor, grp: torch.Tensor, window: int | None) -> list[bool]:
-    ranges = token_ranges(doc, grp, window)
+def assert_ranges_are_the_token_rule(doc: torch.Tensor, grp: torch.Tensor, window: int | None,
+                                     window_covers_groups: bool = False) -> list[bool]:
+    ranges = token_ranges(doc, grp, window, window_covers_groups)
     assert ranges.dtype == torch.int32 and ranges.shape == (*doc.shape, 4)
-    allowed = token_rule_dense(doc, grp, doc.shape[1], window)[:, 0]
+    allowed = token_rule_dense(doc, grp, doc.shape[1], window, window_covers_groups)[:, 0]
     positions = torch.arange(doc.shape[1])
     verdicts = ranges_allowed(doc, grp)
     for b, exact in enumerate(verdicts):
@@ -69,6 +70,16 @@ def test_ranges_of_packed_rows_are_exactly_the_token_rule(seed, length, window):
 def test_ranges_are_exact_or_marked_on_ids_with_shared_and_split_runs(seed, length, window):
     doc, grp = random_token_ids(4, length, seed)
     assert_ranges_are_the_token_rule(doc, grp, window)
+
+
+@SETTINGS
+@given(st.integers(0, 2**31 - 1), st.integers(1, 700), st.integers(1, 300))
+def test_ranges_with_the_window_over_groups_are_exactly_that_rule(seed, length, window):
+    """The window cuts image pairs too (images of 1 to 200 keys against windows of 1 to 300): each position's keys
+    and queries are still one range on collator-like rows, and ids without ranges are still marked."""
+    doc, grp = packed_vlm_ids(3, length, seed, doc_range=(1, 300), text_range=(0, 40), image_range=(1, 200), gaps=True)
+    assert all(assert_ranges_are_the_token_rule(doc, grp, window, window_covers_groups=True))
+    assert_ranges_are_the_token_rule(*random_token_ids(4, length, seed), window, window_covers_groups=True)
 
 
 @pytest.mark.parametrize("doc, grp", [
@@ -108,9 +119,9 @@ def test_from_token_ids_carries_ranges_and_validate_rejects_stale_ones():
     mask = OmniBlockMask.from_token_ids(doc, grp, window=50)
     assert torch.equal(mask.token_rule.ranges, token_ranges(doc, grp, 50))
     mask.validate()
-    stale = dataclasses.replace(mask, window=60)
-    with pytest.raises(ValueError, match="token_rule.ranges: differs"):
-        stale.validate()
+    for stale in (dataclasses.replace(mask, window=60), dataclasses.replace(mask, window_covers_groups=True)):
+        with pytest.raises(ValueError, match="token_rule.ranges: differs"):
+            stale.validate()
     cut = dataclasses.replace(mask.token_rule, ranges=mask.token_rule.ranges[:, :-1])
     with pytest.raises(ValueError, match="token_rule.ranges: expected int32"):
         dataclasses.replace(mask, token_rule=cut).validate()

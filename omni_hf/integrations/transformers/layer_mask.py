@@ -145,7 +145,7 @@ def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[Omn
     rule = token_rule_parts(spec, device)
     if rule is None:
         return _tile_by_tile(spec, device, segments), None
-    starts, groups, window = rule
+    starts, groups = rule.starts, rule.groups
     position = torch.arange(spec.kv_len, device=device) + spec.kv_offset
     valid = (position < spec.q_offset + spec.q_len)[None]  # unfilled static-cache slots are not keys
     if spec.padding_mask is not None:
@@ -157,7 +157,8 @@ def block_mask_from_spec(spec: OmniMaskSpec, device, cu_seq_lens_k) -> tuple[Omn
     order = _key_order(spec, device)
     if order is not None:
         doc, grp = doc[:, order], None if grp is None else grp[:, order]
-    return OmniBlockMask.from_token_ids(doc, grp, q_len=spec.q_len, window=window), order
+    return OmniBlockMask.from_token_ids(doc, grp, q_len=spec.q_len, window=rule.window,
+                                        window_covers_groups=rule.window_covers_groups), order
 
 
 def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
@@ -166,13 +167,14 @@ def _implicit_mask(spec: OmniMaskSpec) -> OmniBlockMask | None:
     something (implicit when all are real, else `OmniBlockMask.from_key_padding`: query rows are never masked,
     which cross-attention needs); else None. Bidirectional keys all hold something where they end at the last
     query, and also where the padding mask covers every key (cross-attention over a padded encoder: Molmo2's
-    pooling, one query over a few patches; Bart's decoder): a bidirectional mask does not read positions."""
+    pooling, one query over a few patches; Bart's decoder), also when it was dropped for holding no padding
+    (``all_keys_real``: inference over full pooling windows): a bidirectional mask does not read positions."""
     filled = spec.q_offset + spec.q_len - spec.kv_offset
     aligned = isinstance(filled, int) and filled == spec.kv_len
     if spec.mask_function is bidirectional_mask_function:
         if spec.padding_mask is not None:
             return OmniBlockMask.from_key_padding(spec.padding_mask, spec.q_len)
-        return OmniBlockMask.full(spec.q_len, spec.kv_len) if aligned else None
+        return OmniBlockMask.full(spec.q_len, spec.kv_len) if aligned or spec.all_keys_real else None
     if not aligned:
         return None
     if spec.padding_mask is not None:

@@ -30,6 +30,8 @@ class OmniMaskSpec:
         window: ``local_size`` of the mask creator (sliding window or chunk size), or None.
         plain_causal: True when a causal mask creator composed ``mask_function`` from its own parts only
             (no model-supplied or/and functions), so an `and_masks` is packing, a sliding window or chunks.
+        all_keys_real: True when a padding mask covered every key and held no padding, and was dropped for that
+            (``padding_mask`` None): every key is a real token, whatever the offsets say (cross-attention).
         built: the per-forward cache of the attention function (`attention._prepared_call`): the layers' block
             masks and prepared calls, filled by the first layer that needs each.
     """
@@ -43,6 +45,7 @@ class OmniMaskSpec:
     padding_mask: torch.Tensor | None
     window: int | None
     plain_causal: bool
+    all_keys_real: bool = False
     built: dict = dataclasses.field(default_factory=dict)
 
     # What Transformers touches on a prepared mask: generate() prepares masks for compilable caches (5.23 calls
@@ -84,11 +87,12 @@ def omni_mask(
     if isinstance(q_offset, torch.Tensor):
         q_offset = q_offset.clone()  # a static cache advances its tensor in place before the layers attend
     padding = None if attention_mask is None else key_slice(attention_mask.bool(), kv_offset, kv_length, fill=False)
-    if padding is not None and _may_sync(q_offset, kv_offset) and bool(padding.all()):
+    all_keys_real = padding is not None and _may_sync(q_offset, kv_offset) and bool(padding.all())
+    if all_keys_real:
         padding = None  # unpadded: one host sync, as sdpa's, keeps the mask implicit
     plain_causal = not use_vmap and "allow_is_bidirectional_skip" not in kwargs
     return OmniMaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, padding, local_size,
-                        plain_causal)
+                        plain_causal, all_keys_real)
 
 
 def _may_sync(q_offset: int | torch.Tensor, kv_offset: int) -> bool:
