@@ -48,7 +48,7 @@ as a user gets it:
   ``token_type_ids``.
 - Gemma 4 (`PREPARED_MASKS`): every backend gets a mask per layer type made per step from the collator's ids
   (`layer_rules`: the global layers causal, the sliding ones with the image blocks and ``q - k < 512``), handed over
-  as Flex's are: omni an `OmniBlockMask` per type (its ids would give every layer the image blocks), sdpa and eager
+  as Flex's are: omni an `OmniBlockMask` per type (the masks its ids give), sdpa and eager
   dense ones (Transformers 5.2x misplaces the image blocks of packed rows in the sliding layers). These are the masks
   Transformers makes for each sample alone (`tests/benchmarks/test_bench_vlm_training.py`).
 - ``no_attention``: a baseline, not a backend: attention's output is its query, so the step times everything else;

@@ -87,7 +87,7 @@ from transformers import (
 )
 
 import omni_hf
-from omni_hf import OmniBlockMask
+from omni_hf import OmniBlockMask, OmniCollator, VisionInputs
 from omni_hf.integrations.transformers import omni_attention_forward
 from omni_hf.integrations.transformers.packed_towers import PACKED
 from tests.helpers.model_checks import assert_close_to_reference, joined_key_bias, models, padding
@@ -587,6 +587,74 @@ def test_gemma4_global_layers_at_head_dim_512_build_and_match_eager(rows):
     assert_omni_matches(tempered_gemma4(512), inputs,
                         logits_at(inputs["attention_mask"].bool()),
                         {"Gemma4VisionAttention": rows, "Gemma4TextAttention": 2}, own={"Gemma4AudioModel": "eager"})
+
+
+def image_sample(image: list[int], image_key: str, seed: int, before: int, after: int, **vision) -> dict:
+    """A sample as a processor gives it: ``before`` text tokens, ``image`` (its tokens), ``after`` text tokens;
+    ``image_key`` 1 on the image's ``IMAGE`` tokens, else 0; ``vision``: the image's inputs."""
+    ids = torch.cat([text(1, before, seed)[0], torch.tensor(image), text(1, after, seed + 1)[0]])
+    return dict(input_ids=ids, **{image_key: (ids == IMAGE).long()}, **vision)
+
+
+def assert_packed_row_matches_each_sample_alone(build, samples: list[dict], vision: VisionInputs, reaches: dict):
+    """``samples`` packed into one row by `OmniCollator` (position ids restarting per sample, ``omni_doc_ids`` /
+    ``omni_group_ids``, the vision inputs concatenated) through omni: the logits of each sample, and every parameter's
+    gradient of a fixed random linear loss on them, equal eager's for the samples run alone (unpacked, batch 1, no
+    mask), to 1e-5 relative error. ``reaches``: the attention calls per module class that reach omni."""
+    length = sum(len(sample["input_ids"]) for sample in samples)
+    batch = OmniCollator(pad_token_id=0, mode="pack", max_length=length, vision=vision)(samples)
+    assert batch["input_ids"].shape == (1, length) and "attention_mask" not in batch
+    assert batch["omni_doc_ids"].amax() == len(samples) - 1 and batch["omni_group_ids"].amax() == len(samples) - 1
+    omni, ref, _ = models(build, CPU)
+    bounds = torch.tensor([0] + [len(sample["input_ids"]) for sample in samples]).cumsum(0).tolist()
+
+    row = {key: value for key, value in batch.items() if key != "labels"}
+    with omni_calls() as calls:
+        got, grads = outputs_and_grads(omni, row, lambda out: [out.logits[0, a:b] for a, b in zip(bounds, bounds[1:])])
+    assert dict(calls) == reaches
+    ref.zero_grad()
+    expected = [ref(**{key: value[None] if key in vision.token_keys or key == "input_ids" else value
+                       for key, value in sample.items()}).logits[0] for sample in samples]
+    probe = torch.Generator().manual_seed(7)
+    sum((out * torch.randn(out.shape, generator=probe)).sum() for out in expected).backward()
+    for i, (out, ref_out) in enumerate(zip(got, expected, strict=True)):
+        assert_close_to_reference(out, ref_out.detach(), what=f"sample {i}'s logits")
+    ref_grads = {name: p.grad for name, p in ref.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref_grads.keys() and grads
+    for name in ref_grads:
+        assert_close_to_reference(*(joined_key_bias(g, name) for g in (grads, ref_grads)), what=name)
+
+
+def test_gemma4_packed_row_from_the_collators_ids_keeps_images_causal_in_its_global_layers_like_each_sample_alone():
+    """Gemma 4 attends images both ways in its sliding layers only (Transformers 5.24; 5.9 gives its global layers
+    the image blocks too): omni's ids give the global layers no image groups where the model says so, and a packed
+    row of two samples, an image (4 tokens, within the window of 4) in each, gives each sample's logits and
+    gradients as eager gives them for that sample alone."""
+    samples = []
+    for i, (before, after) in enumerate([(5, 7), (3, 9)]):
+        pixel_values, image_position_ids = gemma4_patches(1, seed=40 + i)
+        samples.append(image_sample([BOI] + [IMAGE] * 4 + [EOI], "mm_token_type_ids", 41 + 2 * i, before, after,
+                                    pixel_values=pixel_values, image_position_ids=image_position_ids))
+    vision = VisionInputs(image_token_ids=(IMAGE,), tokens_per_image=4, image_attention="bidirectional",
+                          token_keys=("mm_token_type_ids",), image_keys={"pixel_values": 0, "image_position_ids": 0},
+                          count_key="pixel_values")
+    assert_packed_row_matches_each_sample_alone(from_config(Gemma4ForConditionalGeneration, gemma4_config(4)),
+                                                samples, vision, {"Gemma4VisionAttention": 1, "Gemma4TextAttention": 2})
+
+
+def test_gemma3_packed_row_from_the_collators_ids_keeps_images_bidirectional_in_every_layer_like_each_sample_alone():
+    """Gemma 3 attends images both ways in all its layers: a packed row of two samples from the collator its family
+    gives (an image of 9 tokens in each, within the sliding window of 10) gives each sample's logits and gradients as
+    eager gives them for that sample alone, its global layers keeping the image groups."""
+    config = gemma3_vlm_config()
+    config.text_config.sliding_window = 10
+    image = [BOI] + [IMAGE] * 9 + [EOI]
+    samples = [image_sample(image, "token_type_ids", 50 + 2 * i, before, after,
+                            pixel_values=randn(1, 3, 24, 24, seed=60 + i))
+               for i, (before, after) in enumerate([(4, 8), (6, 5)])]
+    assert_packed_row_matches_each_sample_alone(from_config(Gemma3ForConditionalGeneration, config), samples,
+                                                VisionInputs.from_config(config), {"SiglipAttention": 1,
+                                                                                   "Gemma3Attention": 2})
 
 
 ATTENTION_BACKEND_FLAGS = ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn",

@@ -13,7 +13,8 @@
    ``attention_mask={"full_attention": ..., "sliding_attention": ...}``, as Flex takes its ``BlockMask``), then an
    ``omni_block_mask`` kwarg (one for every layer), as is;
 3. ``omni_doc_ids`` / ``omni_group_ids`` kwargs (the collator's token ids, ``[B, kv_len]``), with the layer's
-   sliding window on the causal part;
+   sliding window on the causal part; without the image groups in a layer its model keeps images causal in
+   (`images_causal_in_layer`: Gemma 4's global layers);
 4. the `OmniMaskSpec` (`block_mask_from_spec`). Plain causal, sliding-window and bidirectional attention over
    unpadded, bottom-right aligned keys become implicit masks (`OmniBlockMask.causal` / `full`: nothing is built);
    bidirectional attention over padded keys (encoders, cross-attention) becomes `OmniBlockMask.from_key_padding`.
@@ -35,6 +36,7 @@ from transformers.masking_utils import bidirectional_mask_function, causal_mask_
 
 from ...mask import OmniBlockMask
 from ...mask.validation import check_ids_from_minus_one, describe_value
+from .model_support import images_causal_in_layer
 from .recognition import sliding_window, token_rule_parts
 from .spec import OmniMaskSpec
 
@@ -88,6 +90,7 @@ def layer_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         doc, grp = (_token_ids_kwarg(name, kwargs.get(name), minus_one, batch, kv_len, device)
                     for name, minus_one in (("omni_doc_ids", "padding"), ("omni_group_ids", "causal text")))
         doc = doc if doc is not None else torch.zeros_like(grp)
+        grp = None if images_causal_in_layer(module, sliding_window) else grp
         return OmniBlockMask.from_token_ids(doc, grp, q_len=q_len, window=sliding_window), None
     if isinstance(mask, OmniMaskSpec):
         return block_mask_from_spec(mask, device, kwargs.get("cu_seq_lens_k"))

@@ -37,7 +37,7 @@ from transformers.utils import logging
 
 from ...ops.attention import MAX_HEAD_DIM
 
-__all__ = ["UNSUPPORTED_FEATURES", "attends_on_its_own", "instead_of_omni", "omni_choice",
+__all__ = ["UNSUPPORTED_FEATURES", "attends_on_its_own", "images_causal_in_layer", "instead_of_omni", "omni_choice",
            "own_attention", "unsupported_feature", "unsupported_head_dims"]
 
 _logger = logging.get_logger(__name__)
@@ -130,6 +130,24 @@ def attends_on_its_own(model: PreTrainedModel, with_towers: bool) -> bool:
             classes.add(type(module))
         stack.extend(module.children())
     return bool(classes) and not any(map(_calls_the_function, classes))
+
+
+def images_causal_in_layer(module: torch.nn.Module, sliding_window: int | None) -> bool:
+    """Whether the model of attention ``module`` keeps image tokens causal in the layers of this call's type while it
+    attends them both ways in its others, so that the collator's image groups (``omni_group_ids``) do not apply here.
+
+    True for the global layers (called with no ``sliding_window``) of a model whose text config asks for image blocks
+    by ``use_bidirectional_attention="vision"`` (Gemma 4) where the modeling module of the module's class composes
+    its masks per layer type with ``create_masks_for_vision_model`` (Transformers 5.24: image blocks in the sliding
+    layers only); under Transformers 5.9 its global layers get the blocks too, as Gemma 3's every layer does. Read
+    from the module's config and class and the call's window, so the layers sharing a window share the answer (and
+    the ids mask `layer_mask` builds for them)."""
+    if sliding_window is not None:
+        return False
+    if getattr(getattr(module, "config", None), "use_bidirectional_attention", None) != "vision":
+        return False
+    modules = (sys.modules.get(cls.__module__) for cls in type(module).__mro__)
+    return any(hasattr(modeling, "create_masks_for_vision_model") for modeling in modules)
 
 
 def unsupported_feature(model_class: type) -> str | None:
