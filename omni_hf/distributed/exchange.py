@@ -214,16 +214,21 @@ class _Layer:
             self._attend_round(step, q, k, v, held, out, lse)
         return out.to(q.dtype), lse, buffers
 
-    def _attend_round(self, step, q, k, v, held, out, lse) -> None:
-        """The calls of the keys that arrive in round ``step``, merged into ``out`` / ``lse`` (float32)."""
+    def _round_calls(self, step, q, k, v, held):
+        """The pairs whose keys arrive in round ``step``, each as ``(pair, rows, keys, values, call)``: its query rows
+        of this shard (a slice), its keys and values (views) and the prepared call of ``q[:, :, rows]`` over them."""
         for pair in self.plan.pairs:
             if pair.round != step:
                 continue
             rows = slice(pair.queries[0] - self.start, pair.queries[1] - self.start)
             keys, values = self._keys(pair, k, v, held)
-            q_rows = q[:, :, rows]
-            call = prepare_call(q_rows, keys, values, self.masks[pair], self.scale, self.softcap)
-            part, part_lse = forward_call(call, q_rows, keys, values)
+            yield pair, rows, keys, values, prepare_call(q[:, :, rows], keys, values, self.masks[pair], self.scale,
+                                                         self.softcap)
+
+    def _attend_round(self, step, q, k, v, held, out, lse) -> None:
+        """The calls of the keys that arrive in round ``step``, merged into ``out`` / ``lse`` (float32)."""
+        for _, rows, keys, values, call in self._round_calls(step, q, k, v, held):
+            part, part_lse = forward_call(call, q[:, :, rows], keys, values)
             _merge(out[:, :, rows], lse[:, :, rows], part, part_lse)
 
     def _keys(self, pair, k, v, held) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,14 +266,8 @@ class _Layer:
 
     def _backward_round(self, step, dout, q, k, v, out, lse, held, grads, dq) -> None:
         """The backward of the calls of round ``step``'s keys: dq into ``dq``, dK / dV into their chunk's grads."""
-        for pair in self.plan.pairs:
-            if pair.round != step:
-                continue
-            rows = slice(pair.queries[0] - self.start, pair.queries[1] - self.start)
-            keys, values = self._keys(pair, k, v, held)
-            q_rows = q[:, :, rows]
-            call = prepare_call(q_rows, keys, values, self.masks[pair], self.scale, self.softcap)
-            dq_part, dk, dv = backward_call(call, dout[:, :, rows], q_rows, keys, values, out[:, :, rows],
+        for pair, rows, keys, values, call in self._round_calls(step, q, k, v, held):
+            dq_part, dk, dv = backward_call(call, dout[:, :, rows], q[:, :, rows], keys, values, out[:, :, rows],
                                             lse[:, :, rows])
             dq[:, :, rows] += dq_part
             target = _rows(grads[pair.chunk], *pair.keys).permute(1, 2, 3, 0, 4)
