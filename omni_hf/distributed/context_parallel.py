@@ -295,17 +295,21 @@ class ContextParallel:
         return local
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+                  softcap: float | None = None, window: int | None = None, images: bool = True) -> torch.Tensor:
         """omni attention of this shard's queries over the whole row, by `resolved_schedule`.
 
         Args:
             q: ``[B, Hq, stop - start, D]``; k, v: ``[B, Hkv, stop - start, D]``, this rank's keys and values.
+            images: whether the image groups attend both ways in this layer; False where the model keeps images
+                causal in it (Gemma 4's global layers): the rule of the doc ids alone, planned on its own.
         Returns:
             ``[B, Hq, stop - start, D]``, exactly what the whole row's attention gives these queries.
         """
         if q.shape[2] != self.stop - self.start:
             raise ValueError(f"q: expected this rank's {self.stop - self.start} tokens ({self.start}:{self.stop}), "
                              f"got {q.shape[2]}")
+        if not images:
+            return self.without_images().attention(q, k, v, scale=scale, softcap=softcap, window=window)
         schedule = self.resolved_schedule()
         if schedule == "all_gather":
             self._check_gatherable(window)
@@ -317,6 +321,12 @@ class ContextParallel:
         links = self._cached(("links", q.device, self.resolved_topology()),
                              lambda: Links(self.group, self.resolved_topology(), q.device))
         return paired_attention(q, k, v, plan, transfers, masks, self.start, links, scale, softcap)
+
+    def without_images(self) -> ContextParallel:
+        """These rows and cuts with every token text (no image groups), planned and cached on their own: what a layer
+        that keeps images causal attends by."""
+        return self._cached(("without images",), lambda: dataclasses.replace(
+            self, group_ids=torch.full_like(self.group_ids, -1), cache={}))
 
     def resolved_topology(self) -> Topology:
         """`topology`, or the group's real nodes (`Topology.of_group`)."""

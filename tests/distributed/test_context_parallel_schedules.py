@@ -177,13 +177,15 @@ def image_splitting_cuts(doc: torch.Tensor, grp: torch.Tensor, shards: int) -> l
     return cuts + [doc.shape[1]]
 
 
-CASES = {  # name: (schedule, window, cuts)
-    "all_gather": ("all_gather", None, "balanced"),
-    "direct": ("direct", None, "images"),
-    "ring, window": ("ring", 50, "images"),
-    "hybrid": ("hybrid", None, "images"),
-    "direct, padding shard": ("direct", None, "padding"),
-    "hybrid, window, padding shard": ("hybrid", 70, "padding"),
+CASES = {  # name: (schedule, window, cuts, images: whether image groups attend both ways)
+    "all_gather": ("all_gather", None, "balanced", True),
+    "direct": ("direct", None, "images", True),
+    "ring, window": ("ring", 50, "images", True),
+    "hybrid": ("hybrid", None, "images", True),
+    "direct, padding shard": ("direct", None, "padding", True),
+    "hybrid, window, padding shard": ("hybrid", 70, "padding", True),
+    "direct, images causal": ("direct", None, "images", False),  # a layer that keeps images causal (Gemma 4's global)
+    "all_gather, images causal": ("all_gather", None, "balanced", False),
 }
 
 
@@ -218,16 +220,17 @@ def schedules_rank(rank, world_size, nodes):
     exchange_module.forward_call = counted("forward", forward)
     exchange_module.backward_call = counted("backward", backward)
     results = {}
-    for name, (schedule, window, cuts) in CASES.items():
+    for name, (schedule, window, cuts, images) in CASES.items():
         q, k, v, dout, doc, grp, bounds = case_inputs(world_size, cuts)
         cp = ContextParallel.for_batch(doc, grp, window=window, schedule=schedule)
         topology = Topology.emulated(world_size, nodes, link_gb_s=50.0)
         cp = dataclasses.replace(cp, bounds=tuple(bounds or cp.bounds), topology=topology)
         local = [cp.shard(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
         calls.update(forward=0, backward=0)
-        out = cp.attention(*local, window=window)
+        out = cp.attention(*local, window=window, images=images)
         out.backward(cp.shard(dout, dim=2))
-        pairs = [] if schedule == "all_gather" else [p.chunk for p in cp.plan(window=window)[0].pairs]
+        planned = cp if images else cp.without_images()
+        pairs = [] if schedule == "all_gather" else [p.chunk for p in planned.plan(window=window)[0].pairs]
         results[name] = {"bounds": cp.bounds, "out": out.detach(), "dq": local[0].grad, "dk": local[1].grad,
                          "dv": local[2].grad, "calls": dict(calls), "pairs": pairs}
     return results
@@ -240,10 +243,10 @@ def test_every_schedule_equals_float64_attention_of_the_whole_rows(world_size, n
     (float32 sums, one merge per pair); each rank runs one call forward and one backward per pair it has an allowed
     pair in, per the dense rule, and no other."""
     ranks = run_ranks(world_size, schedules_rank, tmp_path, nodes)
-    for name, (schedule, window, cuts) in CASES.items():
+    for name, (schedule, window, cuts, images) in CASES.items():
         q, k, v, dout, doc, grp, _ = case_inputs(world_size, cuts)
         bounds = ranks[0][name]["bounds"]
-        allowed = token_rule_dense(doc, grp, LENGTH, window)
+        allowed = token_rule_dense(doc, grp if images else torch.full_like(grp, -1), LENGTH, window)
         leaves = [t.double().requires_grad_() for t in (q, k, v)]
         want, _ = naive_attention(*leaves, allowed, 16 ** -0.5)
         want.backward(dout.double())

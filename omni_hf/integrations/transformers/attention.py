@@ -18,7 +18,7 @@ from transformers.utils import logging
 
 from ...ops.attention import PreparedCall, cast_for_autocast, prepare_call, run_call
 from .layer_mask import layer_mask, shared_mask_source
-from .model_support import UNSUPPORTED_FEATURES
+from .model_support import UNSUPPORTED_FEATURES, images_causal_in_layer
 from .spec import OmniMaskSpec
 
 __all__ = ["omni_attention_forward"]
@@ -71,7 +71,8 @@ def omni_attention_forward(
                 raise ValueError("omni_context_parallel: an additive position bias (`position_bias`, as in T5) is not "
                                  "supported under context parallelism yet; train this model without "
                                  "omni_context_parallel")
-            out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window)
+            out = context_parallel.attention(query, key, value, scale=scaling, softcap=softcap, window=sliding_window,
+                                             images=not images_causal_in_layer(module, sliding_window))
             return out.transpose(1, 2).contiguous(), None
     query, key, value = cast_for_autocast(query, key, value)
     call, key_order = _prepared_call(module, query, key, value, attention_mask, scaling, softcap, sliding_window,
