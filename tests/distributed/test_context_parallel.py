@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, Gemma4TextConfig, LlamaConfig
 
 import omni_hf  # noqa: F401  (registers "omni")
 from omni_hf import OmniBlockMask, OmniCollator, omni_attention
@@ -289,13 +289,29 @@ def llama(seed: int = 0):
     return AutoModelForCausalLM.from_config(config, attn_implementation="omni")
 
 
+def gemma4(seed: int = 0):
+    """Gemma 4's language model: a global layer (head dim 32) then a sliding one (window 40), image blocks asked for
+    by ``use_bidirectional_attention="vision"`` (in its sliding layers only, from Transformers 5.24). The global
+    layer comes first so that its rule for image tokens reaches the loss, which image positions do not carry."""
+    torch.manual_seed(seed)
+    config = Gemma4TextConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                              sliding_window=40, layer_types=["full_attention", "sliding_attention"],
+                              hidden_size_per_layer_input=8, vocab_size_per_layer_input=100,
+                              use_bidirectional_attention="vision", pad_token_id=0, max_position_embeddings=1024)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="omni")
+
+
+MODELS = {"llama": llama, "gemma4": gemma4}
+
+
 def packed_batch(seed: int) -> dict:
     """One packed row of `interleaved_samples` from the collator."""
     return OmniCollator(pad_token_id=0, mode="pack", max_length=640, pad_to_multiple_of=640)(interleaved_samples(seed))
 
 
-def model_rank(rank, world_size, seed):
-    model = llama()
+def model_rank(rank, world_size, seed, family):
+    model = MODELS[family]()
     batch = packed_batch(seed)
     cp = ContextParallel.for_batch(batch["omni_doc_ids"], batch["omni_group_ids"])
     loss = model(**cp.shard_batch(batch)).loss
@@ -309,17 +325,18 @@ def model_rank(rank, world_size, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_a_stock_model_on_shards_gives_the_whole_rows_loss_and_gradients(world_size, tmp_path):
-    """Llama on a packed interleaved row: each rank runs its shard (positions, labels shifted across the cuts,
+@pytest.mark.parametrize("world_size, family", [(2, "llama"), (3, "llama"), (2, "gemma4")])
+def test_a_stock_model_on_shards_gives_the_whole_rows_loss_and_gradients(world_size, family, tmp_path):
+    """Llama, and Gemma 4's language model (its global layer keeps images causal where its sliding one attends them
+    both ways), on a packed interleaved row: each rank runs its shard (positions, labels shifted across the cuts,
     the row's label count over the ranks), the averaged losses and gradients equal one process's on the whole row."""
-    model = llama()
+    model = MODELS[family]()
     batch = packed_batch(world_size)
     loss = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
                  attention_mask=batch.get("attention_mask"), omni_doc_ids=batch["omni_doc_ids"],
                  omni_group_ids=batch["omni_group_ids"]).loss
     loss.backward()
-    ranks = run_ranks(world_size, model_rank, tmp_path, world_size)
+    ranks = run_ranks(world_size, model_rank, tmp_path, world_size, family)
     assert relative_error(ranks[0]["loss"], loss.detach()) <= 1e-6
     for name, p in model.named_parameters():
         assert relative_error(ranks[0]["grads"][name], p.grad) <= 1e-5, name
