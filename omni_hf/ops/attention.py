@@ -181,6 +181,7 @@ def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bi
     broadcasts)."""
     dbias = torch.zeros(bias.shape, dtype=_bias_grad_dtype(bias, q, k, backend), device=q.device) if bias_grad else None
     if backend == _CUDA:
+        _alert_not_deterministic()
         dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks_grad else None
         kernel_sinks = sinks.detach().float().contiguous() if sinks_grad else None
         grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias,
@@ -194,6 +195,24 @@ def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bi
                                              softcap or None, bias, dbias)
     dsinks = reference.sink_gradient(dout, out, lse, sinks) if sinks_grad else None
     return (*grads, dsinks, dbias)
+
+
+NOT_DETERMINISTIC = (
+    "omni_attention: the backward of the CUDA kernels adds dQ (and a broadcast bias's gradient, the sinks') with "
+    "atomics in no fixed order, so its gradients are not bitwise repeatable, and it has no deterministic variant yet. "
+    "torch.use_deterministic_algorithms(True, warn_only=True) runs it anyway with this warning; "
+    "OMNI_HF_BACKEND=reference runs the deterministic PyTorch reference (about 100x slower)")
+
+
+def _alert_not_deterministic() -> None:
+    """Under `torch.use_deterministic_algorithms(True)`, refuse the CUDA backward (RuntimeError), or warn with
+    ``warn_only=True``, as torch's own ops without a deterministic implementation do."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(NOT_DETERMINISTIC, stacklevel=2)
+    else:
+        raise RuntimeError(NOT_DETERMINISTIC)
 
 
 def _bias_grad_dtype(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, backend: str) -> torch.dtype:

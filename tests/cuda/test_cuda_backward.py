@@ -351,3 +351,28 @@ if __name__ == "__main__":
         test_token_ranges_give_the_gradients_of_the_ids(200, dim)
     test_token_rule_ids_broadcast_over_the_batch()
     print("ok")
+
+
+def test_deterministic_mode_refuses_the_kernels_backward_and_warn_only_runs_it():
+    """`torch.use_deterministic_algorithms(True)`: the backward (dQ added with atomics) raises, naming the way out;
+    with ``warn_only=True`` it warns and gives the same gradients as without the mode (within its atomics' order)."""
+    from omni_hf import omni_attention
+
+    q, k, v, dout = _qkv(2, 4, 2, 300, 300, 128, torch.bfloat16, gen=torch.Generator("cuda").manual_seed(5))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    mask = OmniBlockMask.causal(300, 300)
+    state = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        out = omni_attention(q, k, v, mask)
+        with pytest.raises(RuntimeError, match="not bitwise repeatable"):
+            out.backward(dout)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="warn_only=True"):
+            warned = torch.autograd.grad(omni_attention(q, k, v, mask), (q, k, v), dout)
+        torch.use_deterministic_algorithms(False)
+        plain = torch.autograd.grad(omni_attention(q, k, v, mask), (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+    for a, b in zip(warned, plain):  # the same kernels: apart only by the order of dQ's atomics, in bf16
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 1e-2

@@ -1,6 +1,7 @@
 """omni_attention: the op against the float64 softmax, autograd, torch.compile, and input checks."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -176,3 +177,55 @@ def test_inputs_in_transformers_bshd_layout_get_a_transpose_hint():
                                          r"\[B, S, H, D\] .*pass q.transpose\(1, 2\), and k and v likewise"):
         omni_attention(q, k, v, mask)
     omni_attention(*(x.transpose(1, 2) for x in (q, k, v)), mask)  # the hint's fix runs
+
+
+@pytest.fixture
+def restore_determinism():
+    state = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+
+
+def _cuda_backward_on_a_stub(monkeypatch):
+    """`attention._backward` of the CUDA backend with the library's op replaced by a stub returning random
+    gradients (the kernels' atomics are what the deterministic mode is about; the gate stands before them)."""
+    from omni_hf.ops import attention, library
+
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    monkeypatch.setattr(library, "backward", lambda dout, q, k, v, *rest: (torch.randn_like(q), torch.randn_like(k),
+                                                                           torch.randn_like(v)))
+    return attention._backward("cuda", torch.randn_like(q), q, k, v, torch.randn_like(q), torch.randn(1, 2, 5), None,
+                               False, None, False, [], [5, 5, 64, 64, None, False, 2], 0.3, 0.0)
+
+
+def test_the_cuda_backward_refuses_deterministic_mode_and_warns_under_warn_only(monkeypatch, restore_determinism):
+    from omni_hf.ops.attention import NOT_DETERMINISTIC
+
+    torch.use_deterministic_algorithms(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dq, dk, dv, dsinks, dbias = _cuda_backward_on_a_stub(monkeypatch)
+    assert dq.shape == (1, 2, 5, 8) and dsinks is None and dbias is None
+    torch.use_deterministic_algorithms(True)
+    with pytest.raises(RuntimeError, match="not bitwise repeatable") as refused:
+        _cuda_backward_on_a_stub(monkeypatch)
+    assert str(refused.value) == NOT_DETERMINISTIC
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with pytest.warns(UserWarning, match="warn_only=True"):
+        dq, _, _, _, _ = _cuda_backward_on_a_stub(monkeypatch)
+    assert torch.isfinite(dq).all()
+
+
+def test_the_reference_backward_runs_in_deterministic_mode_and_repeats_bitwise(restore_determinism):
+    torch.use_deterministic_algorithms(True)
+    doc, grp = torch.tensor([[0] * 40 + [1] * 30]), torch.tensor([[-1] * 10 + [0] * 12 + [-1] * 48])
+    mask = OmniBlockMask.from_token_ids(doc, grp, block_size=64)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 70, 16, generator=gen) for _ in range(3))
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        omni_attention(*leaves, mask).square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
