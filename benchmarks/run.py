@@ -2,7 +2,8 @@
 one run, on one GPU.
 
     python -m benchmarks.run [--quick] [--shapes realistic,small] [--masks causal,vlm,...] [--seqlens 4096,8192]
-                             [--no-backward] [--omni-sm80] [--rounds N] [--sustained SECONDS] [--out DIR]
+                             [--no-backward] [--omni-sm80] [--rounds N] [--sustained SECONDS]
+                             [--head-dims D:HQ/HKV,...] [--peers omni,...] [--out DIR]
 
 For every shape, mask (`benchmarks.layouts.MASKS`) and length: build each peer's mask once (timed from
 the layout's ids or table in host memory: omni's builder on the GPU, Flex's compiled ``create_block_mask``
@@ -226,9 +227,10 @@ class Case:
 
 
 def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: bool = False, rounds: int = 1,
-             sustained: float | None = None) -> dict:
-    """The record of one case, its peers timed in ``rounds`` interleaved rounds (each ``sustained`` seconds back
-    to back per peer, when given: `Case._time_round`); one that cannot be set up
+             sustained: float | None = None, peer_names: tuple[str, ...] | None = None) -> dict:
+    """The record of one case, its peers (those whose names start with one of ``peer_names``, or all) timed in
+    ``rounds`` interleaved rounds (each ``sustained`` seconds back to back per peer, when given:
+    `Case._time_round`); one that cannot be set up
     (omni's mask, the inputs or the reference fail) is recorded with its ``error`` and no rows, and the run goes
     on."""
     torch._dynamo.reset()  # a fresh compile per case: past the recompile limit flex falls back to eager
@@ -238,10 +240,15 @@ def run_case(shape: Shape, mask: str, seq_len: int, backward: bool, omni_sm80: b
     except Exception as err:  # noqa: BLE001
         record = Case.record_of(shape, layout, rows=[], error=measure.describe_error(err))
     else:
-        record = case.record(case.measure_peers(case.peers(), rounds, sustained))
+        record = case.record(case.measure_peers(chosen_peers(case.peers(), peer_names), rounds, sustained))
         del case
     torch.cuda.empty_cache()
     return record
+
+
+def chosen_peers(case_peers: list[peers.Peer], names: tuple[str, ...] | None) -> list[peers.Peer]:
+    """The peers whose names start with one of ``names`` (all when None), in their order."""
+    return case_peers if names is None else [peer for peer in case_peers if peer.name.startswith(names)]
 
 
 def progress_line(record: dict, seconds: float) -> str:
@@ -298,8 +305,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "at its power cap, as in a training step (default: 100 / rounds ms of do_bench)")
     parser.add_argument("--head-dims", default=None, help="comma-separated head dims, each optionally with its "
                         "query / KV heads (e.g. 256:8/4,80:16/16): every shape runs at each (default: the shape's own)")
+    parser.add_argument("--peers", default=None, help="comma-separated starts of the peer names to time, e.g. omni "
+                        "(its kernels alone, no Flex compile); default: every peer")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT or benchmarks/results)")
     args = parser.parse_args(argv)
+    args.peers = tuple(name.strip() for name in args.peers.split(",")) if args.peers else None
+    if args.peers is not None and not all(args.peers):
+        parser.error(f"--peers: expected comma-separated peer names, got {','.join(args.peers)!r}")
     if args.rounds < 1:
         parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
     if args.sustained is not None and not args.sustained > 0:
@@ -362,6 +374,8 @@ def result_name(device: str, args: argparse.Namespace) -> str:
         parts.append(f"r{args.rounds}")
     if args.sustained:
         parts.append(f"sustained{args.sustained:g}s")
+    if args.peers:
+        parts.append("peers-" + "-".join(name.replace(" ", "") for name in args.peers))
     return f"suite_{'_'.join(parts)}.json"
 
 
@@ -401,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     for index, (shape, mask, seq_len) in enumerate(todo, 1):
         case_start = time.time()
         records.append(run_case(shape, mask, seq_len, not args.no_backward, args.omni_sm80, args.rounds,
-                                args.sustained))
+                                args.sustained, args.peers))
         print(f"[{index}/{len(todo)}] {progress_line(records[-1], time.time() - case_start)}", flush=True)
         meta["seconds"] = round(time.time() - start, 1)
         report.write_json(path, result)  # after every case, so a run cut short keeps what it measured

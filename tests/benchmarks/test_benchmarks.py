@@ -713,3 +713,17 @@ def test_the_context_parallel_benchmark_resumes_from_its_parts(monkeypatch, tmp_
     (tmp_path / "parts" / "tiny_fsdp2_4096" / "longest_row_4.json").unlink()
     with pytest.raises(SystemExit, match="NVIDIA H100 80GB HBM3"):
         bench.main()
+
+
+def test_peers_are_chosen_by_the_starts_of_their_names():
+    from benchmarks.peers import Peer
+
+    assert run.parse_args([]).peers is None
+    assert run.parse_args(["--peers", "omni, sdpa"]).peers == ("omni", "sdpa")
+    with pytest.raises(SystemExit):
+        run.parse_args(["--peers", "omni,,sdpa"])
+    case_peers = [Peer("omni b128"), Peer("flex (triton)"), Peer("sdpa cudnn"), Peer("omni b128 sm80")]
+    assert [p.name for p in run.chosen_peers(case_peers, ("omni",))] == ["omni b128", "omni b128 sm80"]
+    assert [p.name for p in run.chosen_peers(case_peers, ("sdpa", "flex"))] == ["flex (triton)", "sdpa cudnn"]
+    assert run.chosen_peers(case_peers, None) == case_peers
+    assert run.result_name("H100", run.parse_args(["--peers", "omni"])) == "suite_H100_peers-omni.json"
