@@ -473,6 +473,7 @@ def block_sequence_ids(length: int, seed: int) -> torch.Tensor:
 HF_SOURCES = ("causal", "bidirectional", "sliding window", "chunked", "packed by position_ids",
               "packed by position_ids, sliding window", "image blocks", "image blocks, sliding window",
               "image blocks under a sliding window", "packed by position_ids, image blocks under a sliding window",
+              "packed by position_ids, image blocks",
               "a model's or-function (tile by tile)", "decode, dynamic cache", "chunked prefill, dynamic cache",
               "prefill, empty static cache", "chunked prefill, static cache", "decode, static cache",
               "sliding window cache",
@@ -510,6 +511,9 @@ def hf_mask_arguments(source: str, padding: str, seed: int) -> tuple[dict, torch
         if source.startswith("packed"):
             inner = packed_mask_function(inner, restarting_positions(q_len, seed))
         args |= dict(mask_function=inner, local_size=window, use_vmap=True)
+    elif source == "packed by position_ids, image blocks":  # Gemma 3's full layers on packed rows
+        blocks = hf.blockwise_overlay(block_sequence_ids(q_len, seed))
+        args |= dict(mask_function=packed_image_blocks(blocks, restarting_positions(q_len, seed)), use_vmap=True)
     elif source == "chunked":
         leading_padding = torch.zeros(HF_BATCH, dtype=torch.int64)
         if attention_mask is not None:
@@ -543,6 +547,17 @@ def packed_mask_function(inner, positions: torch.Tensor):
     if hasattr(hf, "remap_positions_for_packed_sequence"):
         inner = hf.remap_positions_for_packed_sequence(inner, positions)
     return hf.and_masks(inner, hf.packed_sequence_mask_function(packed))
+
+
+def packed_image_blocks(blocks, positions: torch.Tensor):
+    """Causal with image ``blocks`` on rows packed by ``positions``, as the installed Transformers'
+    `create_causal_mask` composes them: 5.24 ors the blocks onto causal remapped to positions within each sequence and
+    ands the sequences outside; releases without the remap or the blocks onto causal and pack that."""
+    if not hasattr(hf, "remap_positions_for_packed_sequence"):
+        return packed_mask_function(hf.or_masks(hf.causal_mask_function, blocks), positions)
+    causal = hf.remap_positions_for_packed_sequence(hf.causal_mask_function, positions)
+    return hf.and_masks(hf.or_masks(causal, blocks), hf.packed_sequence_mask_function(
+        hf.find_packed_sequence_indices(positions)))
 
 
 def hf_paddings(source: str) -> tuple[str, ...]:

@@ -138,15 +138,19 @@ def _causal_or_block_ids(fn: Callable) -> tuple[torch.Tensor, int | None] | None
     """The ids and window of ``or_masks(causal, blockwise_overlay(ids))``, read from its closures: a causal mask
     with ``block_sequence_ids`` (Gemma3 / PaliGemma images; window None), or a sliding-window causal one
     (``sliding_window_causal_mask_function(window)``: the sliding layers of Gemma 4 under Transformers 5.9, where the
-    window cuts the causal part only and each image stays whole, as the token rule's window does). None for any other
-    function, and while compiling (Dynamo cannot read closures)."""
+    window cuts the causal part only and each image stays whole, as the token rule's window does); either may be
+    remapped to positions within packed sequences (Gemma 3's packed rows under 5.24, whose packing ands the sequences
+    outside: `_unpacked`). None for any other function, and while compiling (Dynamo cannot read closures)."""
     if torch.compiler.is_compiling() or getattr(fn, "__code__", None) is not _OR_CODE:
         return None
     parts = _closure(fn)["mask_functions"]
     if len(parts) != 2 or getattr(parts[1], "__code__", None) is not _BLOCKWISE_CODE:
         return None
-    window = None if parts[0] is causal_mask_function else sliding_window(parts[0])
-    if parts[0] is not causal_mask_function and window is None:
+    first = parts[0]
+    if _REMAP_CODE is not None and getattr(first, "__code__", None) is _REMAP_CODE:
+        first = _closure(first)["mask_function"]  # packed rows (5.24): causal on positions within each sequence
+    window = None if first is causal_mask_function else sliding_window(first)
+    if first is not causal_mask_function and window is None:
         return None
     return _closure(parts[1])["block_sequence_ids"], window
 
