@@ -50,9 +50,7 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,11 +60,11 @@ import transformers
 
 import omni_hf  # noqa: F401 -- registers attn_implementation="omni"
 from benchmarks.bench_vlm_training import (
-    environment,
     failure,
     free_memory,
     optimizer_for,
     peak_gib,
+    start_run,
     synchronize,
     train_step,
 )
@@ -357,17 +355,9 @@ def result_name(args: Args) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    cuda = torch.cuda.is_available()
-    if cuda:
-        os.environ.setdefault("OMNI_HF_BACKEND", "cuda")  # a case the kernels cannot run is an error, never timed
-    context = {"device": torch.device("cuda" if cuda else "cpu"), "dtype": torch.bfloat16 if cuda else torch.float32}
-    command = "python -m benchmarks.bench_model_step " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None
-                                                                       else argv))
-    result = {"meta": environment(context) | {"command": command}, "records": []}
+    context, result = start_run("benchmarks.bench_model_step", argv)
     path = args.out / result_name(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"{result['meta']['device']}, torch {torch.__version__}, transformers {transformers.__version__}: {command}",
-          flush=True)
     todo = cases(args)
     for index, case in enumerate(todo, 1):
         start = time.time()

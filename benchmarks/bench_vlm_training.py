@@ -772,20 +772,27 @@ def result_name(args: Args) -> str:
     return "_".join(["vlm_training", *("-".join(field) for field in fields)]) + ("_tiny" if args.tiny else "") + ".json"
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def start_run(module: str, argv: list[str] | None) -> tuple[dict, dict]:
+    """What a benchmark run of ``module`` starts from: the context (``device``, ``dtype``: bf16 on a GPU, where a
+    case the kernels cannot run is an error rather than timed on the reference; float32 on the CPU) and the result
+    (``meta``: the environment and the command line; ``records`` empty), its first line printed."""
     cuda = torch.cuda.is_available()
     if cuda:
-        os.environ.setdefault("OMNI_HF_BACKEND", "cuda")  # a case the kernels cannot run is an error, never timed
-    context = {"device": torch.device("cuda" if cuda else "cpu"), "dtype": torch.bfloat16 if cuda else torch.float32,
-               "sizes": TINY if args.tiny else REAL}
-    command = "python -m benchmarks.bench_vlm_training " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None
-                                                                         else argv))
+        os.environ.setdefault("OMNI_HF_BACKEND", "cuda")
+    context = {"device": torch.device("cuda" if cuda else "cpu"), "dtype": torch.bfloat16 if cuda else torch.float32}
+    command = f"python -m {module} " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
     result = {"meta": environment(context) | {"command": command}, "records": []}
-    path = args.out / result_name(args)
-    args.out.mkdir(parents=True, exist_ok=True)
     print(f"{result['meta']['device']}, torch {torch.__version__}, transformers {transformers.__version__}: {command}",
           flush=True)
+    return context, result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    context, result = start_run("benchmarks.bench_vlm_training", argv)
+    context["sizes"] = TINY if args.tiny else REAL
+    path = args.out / result_name(args)
+    args.out.mkdir(parents=True, exist_ok=True)
     todo = []  # (what, part)
     if args.steps:
         todo += [(f"speed {arch} {n} {attn}", lambda a=arch, n=n, t=attn: speed(a, n, t, args, context))
