@@ -23,6 +23,10 @@ struct ScoreView {
   int32_t dtype;
 
   __forceinline__ __device__ char* at(int i, int j) const { return base + i * stride_q + j * stride_k; }
+  // The same view with (i, j) counted from (row0, col0).
+  __forceinline__ __device__ ScoreView from(int row0, int col0) const {
+    return {at(row0, col0), stride_q, stride_k, dtype};
+  }
 };
 
 __forceinline__ __device__ int64_t dtype_bytes(int32_t dtype) { return dtype == OMNI_FP32 ? 4 : 2; }
@@ -69,33 +73,70 @@ __forceinline__ __device__ void store_one(char* at, int32_t dtype, float x) {
   }
 }
 
-// The call's (query row, key) of fragment element e: c(e) = (row, col) of the tile, rows from row0 and keys from
-// col0 (kTransposed: c(e) = (key, row), the sm_90a backward's S^T).
+// The tile's (query row, key) of fragment element e: c(e) = (row, col) (kTransposed: c(e) = (key, row), the sm_90a
+// backward's S^T).
 template <bool kTransposed, class TC>
-__forceinline__ __device__ void pair_coords(const TC& c, int e, int row0, int col0, int& i, int& j) {
-  i = row0 + (kTransposed ? get<1>(c(e)) : get<0>(c(e)));
-  j = col0 + (kTransposed ? get<0>(c(e)) : get<1>(c(e)));
+__forceinline__ __device__ void pair_coords(const TC& c, int e, int& i, int& j) {
+  i = kTransposed ? get<1>(c(e)) : get<0>(c(e));
+  j = kTransposed ? get<0>(c(e)) : get<1>(c(e));
 }
 
-// Adds bias / scale to every score of a fragment whose pair is in range (coordinates as in pair_coords).
+// Adds bias / scale to every score of a fragment whose pair is in range: view holds the tile's bias from its
+// first (row, key), of which `rows` x `cols` are in the call (coordinates as in pair_coords). paired: the view's
+// keys are contiguous and 4-byte aligned in pairs (OmniBias::paired, or a staged tile).
 template <bool kTransposed = false, class TS, class TC>
-__forceinline__ __device__ void add_bias(TS& s, const TC& c, const OmniBias& bias, int b, int h, int row0, int col0,
-                                         int q_len, int kv_len, float inv_scale) {
-  const ScoreView view = score_view(bias, bias.ptr, bias.dtype, b, h);
+__forceinline__ __device__ void add_bias_tile(TS& s, const TC& c, const ScoreView& view, bool paired, int rows,
+                                              int cols, float inv_scale) {
   static_assert(decltype(size(s))::value % 2 == 0, "fragments hold column pairs");
   CUTE_UNROLL
   for (int e = 0; e < size(s); e += 2) {
     int i, j, i1, j1;
-    pair_coords<kTransposed>(c, e, row0, col0, i, j);
-    pair_coords<kTransposed>(c, e + 1, row0, col0, i1, j1);
-    if (!kTransposed && bias.paired && i1 == i && j1 == j + 1 && i < q_len && j1 < kv_len) {
+    pair_coords<kTransposed>(c, e, i, j);
+    pair_coords<kTransposed>(c, e + 1, i1, j1);
+    if (!kTransposed && paired && i1 == i && j1 == j + 1 && i < rows && j1 < cols) {
       const float2 x = load_pair(view.at(i, j), view.dtype);
       s(e) += x.x * inv_scale;
       s(e + 1) += x.y * inv_scale;
     } else {
-      if (i < q_len && j < kv_len) s(e) += load_one(view.at(i, j), view.dtype) * inv_scale;
-      if (i1 < q_len && j1 < kv_len) s(e + 1) += load_one(view.at(i1, j1), view.dtype) * inv_scale;
+      if (i < rows && j < cols) s(e) += load_one(view.at(i, j), view.dtype) * inv_scale;
+      if (i1 < rows && j1 < cols) s(e + 1) += load_one(view.at(i1, j1), view.dtype) * inv_scale;
     }
+  }
+}
+
+// add_bias_tile reading the call's bias in global memory, for the tile at (row0, col0).
+template <bool kTransposed = false, class TS, class TC>
+__forceinline__ __device__ void add_bias(TS& s, const TC& c, const OmniBias& bias, int b, int h, int row0, int col0,
+                                         int q_len, int kv_len, float inv_scale) {
+  const ScoreView view = score_view(bias, bias.ptr, bias.dtype, b, h).from(row0, col0);
+  add_bias_tile<kTransposed>(s, c, view, bias.paired, q_len - row0, kv_len - col0, inv_scale);
+}
+
+// Whether the bias's tiles can be staged in shared memory by 16-byte copies (stage_bias_tile): 2-byte elements,
+// keys contiguous, every other stride and the pointer 16-byte aligned.
+__forceinline__ __device__ bool bias_stageable(const OmniBias& bias) {
+  const int64_t strides = bias.stride_b | bias.stride_h | bias.stride_q;
+  return bias.ptr != nullptr && bias.dtype != OMNI_FP32 && bias.stride_k == 1 && strides % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(bias.ptr) % 16 == 0;
+}
+
+// Copies the bias of a kRows x kCols tile (rows from row0, keys from col0) into smem rows of kPitch elements by
+// cp.async, 16 bytes at a time, zero-filling what lies past q_len or kv_len; the caller fences and waits. The
+// pitch (kCols + 8) spreads the rows over the banks for the transposed reads of the sm_90a backward.
+template <int kRows, int kCols, int kPitch, int kThreads>
+__forceinline__ __device__ void stage_bias_tile(char* smem, const OmniBias& bias, int b, int h, int row0, int col0,
+                                                int q_len, int kv_len, int tid) {
+  static_assert(kCols % 8 == 0 && kPitch % 8 == 0, "rows of 16-byte chunks");
+  constexpr int kChunksPerRow = kCols / 8;
+  const ScoreView view = score_view(bias, bias.ptr, bias.dtype, b, h).from(row0, col0);
+#pragma unroll 1  // a loop: the producer warp has few registers
+  for (int idx = tid; idx < kRows * kChunksPerRow; idx += kThreads) {
+    const int i = idx / kChunksPerRow;
+    const int j = idx % kChunksPerRow * 8;
+    const int valid = i < q_len - row0 ? max(0, min(8, kv_len - col0 - j)) : 0;
+    const char* src = valid > 0 ? view.at(i, j) : static_cast<const char*>(bias.ptr);
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem + (i * kPitch + j) * 2));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid * 2));
   }
 }
 
@@ -104,12 +145,12 @@ __forceinline__ __device__ void add_bias(TS& s, const TC& c, const OmniBias& bia
 template <bool kTransposed = false, class TS, class TC>
 __forceinline__ __device__ void write_bias_grad(const TS& ds, const TC& c, const OmniBiasGrad& grad, int b, int h,
                                                 int row0, int col0, int q_len, int kv_len) {
-  const ScoreView view = score_view(grad, grad.ptr, grad.dtype, b, h);
+  const ScoreView view = score_view(grad, grad.ptr, grad.dtype, b, h).from(row0, col0);
   CUTE_UNROLL
   for (int e = 0; e < size(ds); ++e) {
     int i, j;
-    pair_coords<kTransposed>(c, e, row0, col0, i, j);
-    if (i >= q_len || j >= kv_len) continue;
+    pair_coords<kTransposed>(c, e, i, j);
+    if (i >= q_len - row0 || j >= kv_len - col0) continue;
     if (grad.exclusive) {
       store_one(view.at(i, j), view.dtype, ds(e));
     } else {

@@ -31,8 +31,9 @@ struct RowLanes {
 };
 
 // grid (B * Hq, q_pad / 64): dsum[row] = sum_d dO * O (0 past q_len); lse2[row] = lse * log2(e), +inf
-// for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0; with dsinks, the sink's gradient of the
-// tile's rows, -sum exp(sink - lse) * dsum, summed in shared memory and added to dsinks[h] once per CTA.
+// for lse = -inf and past q_len (so that P = 0 there); dq_accum[row, :] = 0; the tile's dq_turns = 0; with dsinks, the
+// sink's gradient of the tile's rows, -sum exp(sink - lse) * dsum, summed in shared memory and added to dsinks[h] once
+// per CTA.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kRowThreads)
     bwd_preprocess_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
@@ -43,6 +44,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int b = bh / f.heads_q, h = bh % f.heads_q;
   cutlass::NumericArrayConverter<float, Element, Lanes::kVec> to_float;
   __shared__ float dsink;
+  if (threadIdx.x == 0) ws.dq_turns[static_cast<int64_t>(bh) * (ws.q_pad / kRowTile) + blockIdx.y] = 0;
   if (p.dsinks != nullptr) {
     if (threadIdx.x == 0) dsink = 0.f;
     __syncthreads();

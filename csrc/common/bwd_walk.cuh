@@ -19,6 +19,7 @@ struct QTile {
   int pool;     // partial-pool entry of kTilePool tiles
   int ii0;      // first row of the tile inside its mask block (pool rows)
   int valid;    // 0 once the walk is over
+  int turn;     // the deterministic backward's turn at the tile's dQ (bwd_turns.cuh), where its kernel sets it
 };
 
 // Position in the walk, with what was read for it: head g of the group (its list has `count` entries),

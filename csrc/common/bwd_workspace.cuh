@@ -21,10 +21,13 @@ constexpr float kLog2e = 1.4426950408889634f;  // lse2 = lse * kLog2e: the kerne
 //                               order for the sm_90a ones (bulk reductions, sm90/bwd_dq.cuh)
 //   lse2     [B, Hq, q_pad]     lse * log2(e); +inf for empty rows (lse = -inf) and padding rows
 //   dsum     [B, Hq, q_pad]     D = rowsum(dO * O); 0 for padding rows
+//   dq_turns [B, Hq, q_pad / kRowTile] int32: the deterministic backward's turn counter of each Q tile
+//                               (bwd_turns.cuh), zeroed by the preprocess
 struct Workspace {
   float* dq_accum;
   float* lse2;
   float* dsum;
+  int* dq_turns;
   int64_t q_pad;
 };
 
@@ -32,7 +35,8 @@ inline int64_t padded_rows(int q_len) { return (static_cast<int64_t>(q_len) + kR
 
 inline size_t workspace_bytes(const OmniFwdParams& f) {
   const int64_t rows = static_cast<int64_t>(f.batch) * f.heads_q * padded_rows(f.q_len);
-  return static_cast<size_t>(rows) * (kernel_head_dim(f.head_dim) + 2) * sizeof(float);
+  return static_cast<size_t>(rows) * (kernel_head_dim(f.head_dim) + 2) * sizeof(float) +
+         static_cast<size_t>(rows / kRowTile) * sizeof(int);
 }
 
 // Carves the workspace at `base` (16-byte aligned, workspace_bytes(f) long).
@@ -41,7 +45,8 @@ inline Workspace carve_workspace(void* base, const OmniFwdParams& f) {
   const int64_t rows = static_cast<int64_t>(f.batch) * f.heads_q * q_pad;
   const int64_t dim = kernel_head_dim(f.head_dim);
   float* dq_accum = static_cast<float*>(base);
-  return {dq_accum, dq_accum + rows * dim, dq_accum + rows * (dim + 1), q_pad};
+  return {dq_accum, dq_accum + rows * dim, dq_accum + rows * (dim + 1),
+          reinterpret_cast<int*>(dq_accum + rows * (dim + 2)), q_pad};
 }
 
 }  // namespace omni::bwd

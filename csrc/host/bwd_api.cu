@@ -29,8 +29,15 @@ int check_bwd_params(const OmniBwdParams& p) {
     return fail(OMNI_ERR_SHAPE, "dbias is given but the call has no bias");
   if (p.dsinks != nullptr && f.sinks == nullptr)
     return fail(OMNI_ERR_SHAPE, "dsinks is given but the call has no sinks");
+  if (p.deterministic && (p.dsinks != nullptr || (p.dbias.ptr != nullptr && !p.dbias.exclusive)))
+    return fail(OMNI_ERR_SHAPE, "deterministic=%d with %s: those are added with atomics; the caller sums them",
+                p.deterministic, p.dsinks != nullptr ? "dsinks" : "a dbias that is not exclusive");
   if (f.mask.kind == OMNI_MASK_BLOCKS) {
     if (int s = check_list(f.mask.q, static_cast<int>(ceil_div(f.kv_len, f.mask.block_kv)), "q")) return s;
+    // The deterministic backward counts each dQ tile's earlier key blocks in the row view (common/bwd_turns.cuh).
+    if (p.deterministic) {
+      if (int s = check_list(f.mask.kv, static_cast<int>(ceil_div(f.q_len, f.mask.block_q)), "kv")) return s;
+    }
   }
   if (ceil_div(f.kv_len, f.mask.block_kv) > OMNI_MAX_GRID_YZ || ceil_div(f.q_len, kRowTile) > OMNI_MAX_GRID_YZ)
     return fail(OMNI_ERR_SHAPE, "kv_len=%d or q_len=%d exceeds the backward's grid limit (%lld tiles)", f.kv_len,
@@ -49,6 +56,11 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
   if constexpr (sm90_bwd_head_dim(kHeadDim)) {
     if (tuning::bwd_takes_sm90(p)) return sm90::run_bwd<Element, kHeadDim>(p, ws);
   }
+  if (p.deterministic)
+    return fail(OMNI_ERR_ARCH,
+                "deterministic=%d: the deterministic backward is the sm_90a kernel's (compute capability 9.0, head "
+                "dim up to 256, 128-key mask blocks); this call (head_dim=%d, block_kv=%d) takes the sm_80 kernels",
+                p.deterministic, p.fwd.head_dim, p.fwd.mask.block_kv);
   return sm80::run_bwd<Element, kHeadDim>(p, ws);
 }
 

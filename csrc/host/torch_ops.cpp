@@ -6,9 +6,10 @@
 //   omni_hf::fwd(q, k, v, <row view>, kind, block_q, block_kv, window, window_covers_groups, scale, softcap, sinks,
 //       bias) -> (out, lse)
 //   omni_hf::bwd(dout, q, k, v, out, lse, <column view>, kind, block_q, block_kv, window, window_covers_groups, scale,
-//       softcap, bias, dbias, sinks, dsinks) -> (dq, dk, dv), writing the bias's gradient into dbias (zeroed by the
-//       caller; float32 where it broadcasts, as the kernels add into it) and adding the sinks' into dsinks (float32,
-//       zeroed) where given
+//       softcap, bias, dbias, sinks, dsinks, deterministic) -> (dq, dk, dv), writing the bias's gradient into dbias
+//       (zeroed by the caller; float32 where it broadcasts, as the kernels add into it) and adding the sinks' into
+//       dsinks (float32, zeroed) where given; deterministic: bitwise-repeatable gradients (OmniBwdParams), which
+//       for block lists also reads the row view (row_num_blocks, row_indices, row_types, row_partial)
 //
 // bias / dbias: [B, Hq, Sq, Skv] views of any strides (0 where a dim broadcasts), read and accumulated in place.
 //   omni_hf::token_mask(doc_ids, group_ids, q_len, block_q, block_kv, window, window_covers_groups) -> the eight
@@ -306,7 +307,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                                        OptTensor doc, OptTensor grp, OptTensor ranges, int64_t kind, int64_t block_q,
                                        int64_t block_kv, int64_t window, bool window_covers_groups, double scale,
                                        double softcap, OptTensor bias, OptTensor dbias, OptTensor sinks,
-                                       OptTensor dsinks) {
+                                       OptTensor dsinks, bool deterministic, OptTensor row_num, OptTensor row_indices,
+                                       OptTensor row_types, OptTensor row_partial) {
   check_qkv(q, k, v);
   check_mask_extent(num, doc, grp, q, k);
   for (const Tensor* t : {&dout, &out}) {
@@ -340,6 +342,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   }
   p.fwd.sinks = static_cast<const float*>(pointer(sinks, ScalarType::Float, "sinks", q.get_device_index()));
   p.dsinks = static_cast<float*>(pointer(dsinks, ScalarType::Float, "dsinks", q.get_device_index()));
+  p.deterministic = deterministic;
+  if (row_num.has_value())
+    p.fwd.mask.kv = block_list(row_num, row_indices, row_types, row_partial, q.get_device_index());
   for (const Tensor* grad : {&dq, &dk, &dv}) poison(*grad, stream);
   p.dout = view4(dout_in, "dout");
   p.dq = view4(dq, "dq");
@@ -416,8 +421,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(omni_hf, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? num_blocks, Tensor? indices, "
       "Tensor? types, Tensor? partial, Tensor? pool, Tensor? doc_ids, Tensor? group_ids, Tensor? token_ranges, "
       "int kind, int block_q, int block_kv, int window, bool window_covers_groups, float scale, float softcap, "
-      "Tensor? bias=None, Tensor(a!)? dbias=None, Tensor? sinks=None, Tensor(a!)? dsinks=None) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor? bias=None, Tensor(a!)? dbias=None, Tensor? sinks=None, Tensor(a!)? dsinks=None, "
+      "bool deterministic=False, Tensor? row_num_blocks=None, Tensor? row_indices=None, Tensor? row_types=None, "
+      "Tensor? row_partial=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "token_mask(Tensor doc_ids, Tensor group_ids, int q_len, int block_q, int block_kv, int window, "
       "bool window_covers_groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

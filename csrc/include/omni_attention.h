@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OMNI_ABI_VERSION 8
+#define OMNI_ABI_VERSION 9
 
 #ifdef __cplusplus
 extern "C" {
@@ -153,6 +153,11 @@ typedef struct {
   // The sinks' gradient [heads_q] fp32 (zeroed by the caller), or NULL: the backward adds
   // dsinks[h] = -sum over the batch and rows of exp(sinks[h] - lse) * rowsum(dout * out); needs fwd.sinks.
   float* dsinks;
+  // Non-zero: gradients bitwise equal on every run. The kernels that add into one dQ tile then take turns in
+  // ascending key order, and with block lists read fwd.mask.kv (the row view) as well as fwd.mask.q; dsinks must be
+  // NULL and dbias, where given, exclusive (what would be added with atomics is the caller's to sum). The sm_90a
+  // backward alone has this variant: a call that would take the sm_80 kernels fails with OMNI_ERR_ARCH.
+  int32_t deterministic;
   void* workspace;  // device memory of omni_bwd_workspace_bytes(); contents need no init
   size_t workspace_bytes;
 } OmniBwdParams;

@@ -3,8 +3,8 @@
 // and dV come out summed over the group:
 //   warpgroup 0 (producer, one warp): K, V and the keys' token ids once (or, where the token rule's rows are
 //     ranges, tile_aux.cuh, the keys' ranges of queries); per tile, TMA loads of Q and dO and bulk copies of lse2
-//     and D into a kStages-deep ring completing on mbarriers, the rows' token ids by cp.async (none with ranges),
-//     and the tile's descriptor beside them.
+//     and D into a kStages-deep ring completing on mbarriers, the rows' token ids and the tile's bias by cp.async
+//     (no ids with ranges; the bias where it can be staged, bias_stageable), and the tile's descriptor beside them.
 //   warpgroups 1, 2 (consumers, 64 keys each), per tile, in the transposed orientation so that P^T and dS^T
 //     are wgmma A operands straight from registers:
 //       S^T = K Q^T, dP^T = V dO^T            (issued together)
@@ -14,7 +14,8 @@
 //       dQ = dS K                             (dS^T of both warpgroups through smem; each takes a head-dim half,
 //                                              or at head dim 96 its own keys, kDqSplitKeys)
 //     and the tile's dQ goes through smem into the fp32 workspace, in the threads' order (bwd_dq.cuh), by bulk
-//     reductions (cp.reduce.async.bulk .add.f32) that drain while the next tile computes. With kDqSplitKeys,
+//     reductions (cp.reduce.async.bulk .add.f32) that drain while the next tile computes (in the deterministic
+//     backward, in the tile's turn and complete before the turn passes: bwd_turns.cuh). With kDqSplitKeys,
 //     warpgroup 1 leaves its partial dQ in smem and goes on to the next tile while warpgroup 0 adds it to its
 //     own and reduces the sum.
 // Above head dim 128 (Traits::kWideHead) a CTA takes 64 keys, half a mask block: the consumers split the tile's
@@ -30,6 +31,7 @@
 #include "common/bias.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/bwd_scores.cuh"
+#include "common/bwd_turns.cuh"
 #include "common/bwd_walk.cuh"
 #include "common/fragment.cuh"
 #include "omni_attention.h"
@@ -74,6 +76,10 @@ __forceinline__ __device__ void bulk_load(void* smem, const void* gmem, int byte
   SM90_BULK_COPY_G2S::copy(gmem, bar, smem, bytes);
 }
 
+// Waits until every committed bulk operation of this thread is complete, its writes to global memory included
+// (tma_store_wait waits only until the sources are read).
+__forceinline__ __device__ void bulk_wait_complete() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 // gmem[0 .. bytes) += smem[0 .. bytes) in fp32, asynchronously (committed by tma_store_arrive).
 __forceinline__ __device__ void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
@@ -81,9 +87,31 @@ __forceinline__ __device__ void bulk_reduce_add(float* gmem, const float* smem, 
                : "memory");
 }
 
+// The deterministic backward's turns (bwd_turns.cuh), taken by the reducing thread: a tile's dQ reduction starts in
+// its turn, and the turn passes once the reduction is complete, which is checked at the next tile's reduction (or
+// after the last), so that the wait for completion stays off the tile's critical path. `passing`: the Q tile whose
+// turn is still to pass (an index into turns), -1 for none. The kernel's kDeterministic variant alone calls them.
+static __noinline__ __device__ void pass_pending_turn(int* turns, int64_t& passing) {
+  if (passing < 0) return;
+  bulk_wait_complete();
+  bwd::pass_turn(turns + passing);
+  passing = -1;
+}
+
+static __noinline__ __device__ void reduce_dq_in_turn(float* dq_rows, const float* dq_lo, const float* dq_hi,
+                                                      int half_bytes, int* turns, int64_t tile, int turn,
+                                                      int64_t& passing) {
+  pass_pending_turn(turns, passing);
+  bwd::wait_turn(turns + tile, turn);
+  bulk_reduce_add(dq_rows, dq_lo, half_bytes);
+  bulk_reduce_add(dq_rows + half_bytes / sizeof(float), dq_hi, half_bytes);
+  tma_store_arrive();
+  passing = tile;
+}
+
 // The producer warp: K, V once, then every tile of the walk in order, a stage at a time as the consumers free
 // them. After the last tile it publishes an invalid tile, which ends the consumers' loop.
-template <class Traits, class Params, class Storage>
+template <class Traits, bool kDeterministic, class Params, class Storage>
 __forceinline__ __device__ void produce(const Params& params, Storage& s, int b, int h_kv, int kv_block) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -130,6 +158,10 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);  // a fresh barrier counts as freed once
     QTile tile = walk.next(cursor);
     if (tile.kind == kTileToken && token_ranges_apply(m, b)) tile.kind = kTileTokenRanges;
+    if (kDeterministic && tile.valid) {
+      tile.turn =
+          bwd::dq_turn<kBlockM, kBlockN>(m, b, tile.h, tile.m_block, kv_block * kBlockN, f.q_len, f.kv_len, lane);
+    }
     if (lane == 0) {
       s.tile[stage] = tile;
       if (tile.valid) {
@@ -154,6 +186,12 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
     if (tile.valid && tile.kind == kTileToken) {
       const int qpos0 = tile.m_block * kBlockM + f.kv_len - f.q_len;
       stage_token_ids<kBlockM, 32>(s.q_ids[stage], doc, grp, qpos0, f.kv_len, lane);
+    }
+    if constexpr (Traits::kStagedBias) {
+      if (tile.valid && bias_stageable(f.bias)) {
+        stage_bias_tile<kBlockM, kBlockN, Traits::kBiasPitch, 32>(
+            s.bias[stage], f.bias, b, tile.h, tile.m_block * kBlockM, kv_block * kBlockN, f.q_len, f.kv_len, lane);
+      }
     }
     arrive_after_staging(&s.full[stage]);
     if (!tile.valid) break;
@@ -216,7 +254,7 @@ __forceinline__ __device__ auto dkv_operands_a(const ThrDKV& thr_dkv, TP& rP, TP
 }
 
 // The consumer warpgroups: the tiles of the walk (see the file comment), then dK and dV out.
-template <class Traits, bool kSoftcap, class Storage>
+template <class Traits, bool kSoftcap, bool kDeterministic, class Storage>
 __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Workspace& ws, Storage& s, int b, int h_kv,
                                         int kv_block) {
   using Element = typename Traits::Element;
@@ -287,6 +325,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   const float mul = softmax_scale_log2(f, kSoftcap);
   const bool reduces = ctid == 0;  // the thread that issues the dQ reductions
 
+  if (kDeterministic && reduces) s.dq_passing = -1;
   Barrier::wait(&s.kv_full, 0);
   for (int t = 0;; ++t) {
     const int stage = warp_uniform(t % kStages);  // at head dim 256 ptxas kept t per thread (wgmma.cuh)
@@ -309,8 +348,12 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * (f.scale / f.softcap));
     }
-    if (f.bias.ptr != nullptr) {
-      add_bias<true>(acc_s, cS, f.bias, b, tile.h, tile.m_block * kBlockM, n0, f.q_len, f.kv_len, 1.f / f.scale);
+    if (f.bias.ptr != nullptr) {  // from the tile the producer staged, else in place
+      const int row0 = tile.m_block * kBlockM;
+      const ScoreView bias = Traits::kStagedBias && bias_stageable(f.bias)
+                                 ? ScoreView{s.bias[stage], Traits::kBiasPitch * 2, 2, f.bias.dtype}
+                                 : score_view(f.bias, f.bias.ptr, f.bias.dtype, b, tile.h).from(row0, n0);
+      add_bias_tile<true>(acc_s, cS, bias, false, f.q_len - row0, f.kv_len - n0, 1.f / f.scale);
     }
     if (tile.kind != kTileFull) {
       mask_scores_t<Traits>(acc_s, cS, cS_t, tile, f.mask, f.kv_len, qpos0, n0, jj0, s.q_ids[stage], s.k_ids);
@@ -366,6 +409,8 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     warpgroup_fence_operand(rdS);
     float* dq_lo;
     float* dq_hi;
+    // The deterministic backward's turn at the tile, kept while the stage is still this tile's.
+    if (kDeterministic && reduces) s.dq_turn = s.tile[stage].turn;
     if constexpr (kWideHead) {
       // Every GEMM of the tile is done with the stage, whose Q and dO tiles take the dQ halves.
       named_barrier_sync(kStageDoneBarrier, kThreads);
@@ -389,15 +434,24 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     tma_store_fence();
     named_barrier_sync(kDqReadyBarrier, kThreads);
     if (reduces) {
-      float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM) * kHeadDim;
-      bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
-      bulk_reduce_add(dq_rows + Traits::kDqHalfFloats, dq_hi, kDqHalfBytes);
-      tma_store_arrive();
+      const int64_t tile_row = (int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM;
+      float* dq_rows = ws.dq_accum + tile_row * kHeadDim;
+      if constexpr (kDeterministic) {
+        reduce_dq_in_turn(dq_rows, dq_lo, dq_hi, kDqHalfBytes, ws.dq_turns, tile_row / kBlockM, s.dq_turn,
+                          s.dq_passing);
+      } else {
+        bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
+        bulk_reduce_add(dq_rows + Traits::kDqHalfFloats, dq_hi, kDqHalfBytes);
+        tma_store_arrive();
+      }
     } else if constexpr (kWideHead) {
       Barrier::arrive(&s.empty[stage]);  // the reducing thread arrives once its reductions have read the stage
     }
   }
-  if (reduces) tma_store_wait<0>();
+  if (reduces) {
+    if constexpr (kDeterministic) pass_pending_turn(ws.dq_turns, s.dq_passing);
+    tma_store_wait<0>();
+  }
 
   // Epilogue: dK * scale and dV as Element through the smem of K and V (free once both warpgroups are past their
   // last GEMM), then 16-byte stores of this warpgroup's rows below kv_len.
@@ -424,7 +478,7 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
   store_rows(store_op, store_thr.partition_S(sV), store_thr.partition_D(rows_of(p.dv)), cKV, f.kv_len - n0, f.head_dim);
 }
 
-template <class Traits, bool kSoftcap>
+template <class Traits, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams<Traits> params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Storage = typename Traits::SharedStorage;
@@ -446,10 +500,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
   if (threadIdx.x < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x < 32) produce<Traits>(params, s, b, h_kv, kv_block);
+    if (threadIdx.x < 32) produce<Traits, kDeterministic>(params, s, b, h_kv, kv_block);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume<Traits, kSoftcap>(params.p, params.ws, s, b, h_kv, kv_block);
+    consume<Traits, kSoftcap, kDeterministic>(params.p, params.ws, s, b, h_kv, kv_block);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a; omni_bwd launches this kernel only on compute capability 9.0

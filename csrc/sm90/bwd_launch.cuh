@@ -13,7 +13,7 @@
 
 namespace omni::sm90 {
 
-template <class Traits, bool kSoftcap>
+template <class Traits, bool kSoftcap, bool kDeterministic>
 int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
   using Element = typename Traits::Element;
   const OmniFwdParams& f = p.fwd;
@@ -25,7 +25,7 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
       make_tma_load<Element>(p.dout, f.batch, f.heads_q, f.q_len, f.head_dim, rows_box),
       make_tma_load<Element>(f.k, f.batch, f.heads_kv, f.kv_len, f.head_dim, typename Traits::SmemLayoutK{}),
       make_tma_load<Element>(f.v, f.batch, f.heads_kv, f.kv_len, f.head_dim, typename Traits::SmemLayoutK{})};
-  auto kernel = bwd_kernel<Traits, kSoftcap>;
+  auto kernel = bwd_kernel<Traits, kSoftcap, kDeterministic>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem, "sm90 bwd_kernel")) return s;
   const dim3 grid(f.heads_kv, f.batch, (f.kv_len + Traits::kBlockN - 1) / Traits::kBlockN);
@@ -39,8 +39,12 @@ int launch_bwd_kernel(const OmniBwdParams& p, const bwd::Workspace& ws) {
 template <typename Element, int kHeadDim>
 int run_bwd(const OmniBwdParams& p, const bwd::Workspace& ws) {
   if (int s = bwd::launch_preprocess<Element, kHeadDim>(p, ws)) return s;
-  return dispatch_bool(p.fwd.softcap > 0.f,
-                       [&](auto softcap) { return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap()>(p, ws); });
+  // The deterministic backward is a kernel of its own, so that the default one carries none of its code.
+  return dispatch_bool(p.fwd.softcap > 0.f, [&](auto softcap) {
+    return dispatch_bool(p.deterministic != 0, [&](auto deterministic) {
+      return launch_bwd_kernel<BwdTraits<Element, kHeadDim>, softcap(), deterministic()>(p, ws);
+    });
+  });
 }
 
 }  // namespace omni::sm90

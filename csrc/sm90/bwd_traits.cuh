@@ -101,6 +101,13 @@ struct BwdTraits {
   static_assert(!kWideHead || kDqHalfFloats * sizeof(float) == kBlockM * kHeadDim * sizeof(Element),
                 "a dQ half fills one row tile of Q or dO");
 
+  // Where the call's bias can be staged (bias_stageable), the producer copies each tile's [kBlockM, kBlockN] of it
+  // into its stage, rows of kBiasPitch 2-byte elements, so no consumer waits on a global load; with kWideHead the
+  // stages would not fit beside the rest, and the consumers read the bias in place.
+  static constexpr bool kStagedBias = !kWideHead;
+  static constexpr int kBiasPitch = kBlockN + 8;
+  static constexpr int kBiasTileBytes = kStagedBias ? kBlockM * kBiasPitch * 2 : 16;
+
   struct PtBlock {  // kWideHead: P^T for the dV GEMM
     alignas(1024) Element pt[cosize_v<SmemLayoutdSt>];
   };
@@ -114,13 +121,16 @@ struct BwdTraits {
     alignas(1024) Element v[cosize_v<SmemLayoutK>];  // reused for dV in the epilogue
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
     conditional_t<kWideHead, PtBlock, DqBlock> pt_or_dq;
+    alignas(16) char bias[kStages][kBiasTileBytes];  // the tile's bias (kStagedBias)
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) int q_ids[kStages][2 * kBlockM];  // [doc, grp] of the tile's rows (token rule)
     alignas(16) int k_ids[2 * kBlockN];           // [doc, grp] or [first, last] pairs of the CTA's keys
     bwd::QTile tile[kStages];                     // what the producer's walk gave for each stage
+    int dq_turn;                                  // the deterministic backward's turn of the tile being reduced
+    int64_t dq_passing;                           // its Q tile whose turn is still to pass (reduce_dq_in_turn)
     alignas(8) uint64_t kv_full;                  // K, V and k_ids landed
-    uint64_t full[kStages];                       // Q, dO, lse2, dsum, q_ids and the tile landed
+    uint64_t full[kStages];                       // Q, dO, lse2, dsum, q_ids, the bias and the tile landed
     uint64_t empty[kStages];                      // every consumer thread is done with the stage
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);

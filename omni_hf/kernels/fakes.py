@@ -35,7 +35,8 @@ def register_fakes() -> None:
 
     @torch.library.register_fake("omni_hf::bwd")
     def _(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges, kind, block_q, block_kv,
-          window, window_covers_groups, scale, softcap, bias=None, dbias=None, sinks=None, dsinks=None):
+          window, window_covers_groups, scale, softcap, bias=None, dbias=None, sinks=None, dsinks=None,
+          deterministic=False, row_num=None, row_indices=None, row_types=None, row_partial=None):
         return _like(q), _like(k), _like(v)
 
     @torch.library.register_fake("omni_hf::token_mask")

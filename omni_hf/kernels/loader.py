@@ -22,7 +22,7 @@ from . import devices, fakes
 __all__ = ["ABI_VERSION", "LibraryError", "available", "library", "library_path", "load_error",
            "set_poison_outputs"]
 
-ABI_VERSION = 8  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
+ABI_VERSION = 9  # OMNI_ABI_VERSION of csrc/include/omni_attention.h
 
 
 class LibraryError(RuntimeError):

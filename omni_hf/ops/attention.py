@@ -40,6 +40,7 @@ def omni_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    deterministic: bool = False,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` over ``k``, ``v`` where ``block_mask`` allows.
@@ -64,6 +65,13 @@ def omni_attention(
             elsewhere: masked pairs never read bias and get zero gradient. Differentiable: its gradient is the
             gradient of the logits summed over the dims where bias broadcasts, in bias's dtype and shape. Cannot be
             combined with ``softcap`` (ValueError).
+        deterministic: gradients bitwise equal on every run (also on whenever
+            ``torch.use_deterministic_algorithms(True)`` is). The kernels then add each Q tile's dQ in a fixed order
+            of key tiles, and the sinks' gradient and a broadcast bias's are summed by PyTorch instead of atomics
+            (the bias's through a float32 buffer of the call's ``[B, Hq, Sq, Skv]``). The forward is deterministic
+            either way. On the GPU only the Hopper (sm_90a) backward has this variant (head dim up to 256, 128-key
+            mask blocks); a call that would take the sm_80 kernels raises RuntimeError (the reference,
+            ``OMNI_HF_BACKEND=reference``, is deterministic).
         return_lse: also return the log-sum-exp of each row (the sink included).
 
     Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
@@ -74,7 +82,7 @@ def omni_attention(
         (natural log, -inf for rows with no allowed key, whose output is 0). lse is not differentiable.
     """
     q, k, v = cast_for_autocast(q, k, v)
-    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks, bias)
+    out, lse = run_call(prepare_call(q, k, v, block_mask, scale, softcap), q, k, v, sinks, bias, deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -118,10 +126,12 @@ def prepare_call(q, k, v, block_mask, scale=None, softcap=None) -> PreparedCall:
 
 
 def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+             deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a prepared call (`omni_attention`'s outputs), through autograd where a gradient is needed. Where
     the CUDA op refuses the tensors, the error names the argument at fault, where Python can tell. ``sinks`` and
-    ``bias`` are not part of the prepared call (each layer has its own): checked here."""
+    ``bias`` are not part of the prepared call (each layer has its own): checked here. ``deterministic`` as in
+    `omni_attention`."""
     if sinks is not None:
         _check_sinks(sinks, q)
     if bias is not None:
@@ -129,7 +139,7 @@ def run_call(call: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
                 sinks is not None and sinks.requires_grad) or (bias is not None and bias.requires_grad)):
-            return _Attention.apply(q, k, v, sinks, bias, *call)
+            return _Attention.apply(q, k, v, sinks, bias, deterministic, *call)
         return _forward(q, k, v, sinks, bias, *call)
     except RuntimeError:
         if call.backend == _CUDA:
@@ -149,9 +159,10 @@ def backward_call(call: PreparedCall, dout: torch.Tensor, q: torch.Tensor, k: to
                   out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of a prepared call given ``out`` ``[B, Hq, Sq, D]`` and float32 ``lse`` ``[B, Hq, Sq]``. They may
     be those of a larger softmax that this call's keys are part of (the merged output and LSE of several key blocks):
-    the gradients are then this block's share of that softmax's, exactly (FlashAttention's backward)."""
+    the gradients are then this block's share of that softmax's, exactly (FlashAttention's backward). Deterministic
+    under ``torch.use_deterministic_algorithms(True)``."""
     dq, dk, dv, _, _ = _backward(call.backend, dout, q, k, v, out, lse, None, False, None, False, call.mask_tensors,
-                                 call.mask_sizes, call.scale, call.softcap)
+                                 call.mask_sizes, call.scale, call.softcap, False)
     return dq, dk, dv
 
 
@@ -173,20 +184,18 @@ def _forward(q, k, v, sinks, bias, backend: str, mask_tensors, mask_sizes, scale
 
 
 def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bias, bias_grad: bool, mask_tensors,
-              mask_sizes, scale: float, softcap: float):
+              mask_sizes, scale: float, softcap: float, deterministic: bool):
     """(dq, dk, dv, dsinks, dbias) of ``backend`` from the forward's out and lse. dsinks (where ``sinks_grad``, else
     None) is float32 ``[Hq]``: the CUDA op computes it beside the row sums its backward needs anyway, the reference
-    by `reference.sink_gradient`. dbias (where ``bias_grad``, else None) has bias's own shape and the dtype of
-    `_bias_grad_dtype`; the backward writes the gradient of the logits into it (summing the dims where bias
-    broadcasts)."""
-    dbias = torch.zeros(bias.shape, dtype=_bias_grad_dtype(bias, q, k, backend), device=q.device) if bias_grad else None
+    (and a deterministic CUDA backward) by `reference.sink_gradient`. dbias (where ``bias_grad``, else None) has
+    bias's own shape, in bias's dtype where the CUDA op stores each element once, else float32; the backward writes
+    the gradient of the logits into it, summed over the dims where bias broadcasts (by PyTorch from a buffer of the
+    call's shape where ``deterministic``, or under ``torch.use_deterministic_algorithms(True)``)."""
     if backend == _CUDA:
-        _alert_not_deterministic()
-        dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks_grad else None
-        kernel_sinks = sinks.detach().float().contiguous() if sinks_grad else None
-        grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias,
-                                 kernel_sinks, dsinks)
-        return (*grads, dsinks, dbias)
+        return _cuda_backward(dout, q, k, v, out, lse, sinks if sinks_grad else None, bias, bias_grad, mask_tensors,
+                              mask_sizes, scale, softcap,
+                              deterministic or torch.are_deterministic_algorithms_enabled())
+    dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad else None
     if torch.compiler.is_compiling():
         grads = reference_backward_op(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias)
     else:
@@ -197,47 +206,56 @@ def _backward(backend: str, dout, q, k, v, out, lse, sinks, sinks_grad: bool, bi
     return (*grads, dsinks, dbias)
 
 
-NOT_DETERMINISTIC = (
-    "omni_attention: the backward of the CUDA kernels adds dQ (and a broadcast bias's gradient, the sinks') with "
-    "atomics in no fixed order, so its gradients are not bitwise repeatable, and it has no deterministic variant yet. "
-    "torch.use_deterministic_algorithms(True, warn_only=True) runs it anyway with this warning; "
-    "OMNI_HF_BACKEND=reference runs the deterministic PyTorch reference (about 100x slower)")
+def _cuda_backward(dout, q, k, v, out, lse, sinks, bias, bias_grad: bool, mask_tensors, mask_sizes, scale: float,
+                   softcap: float, deterministic: bool):
+    """`_backward` on the library's op. What the kernels would add with atomics (the sinks' gradient, a broadcast
+    bias's) is left to PyTorch where ``deterministic``."""
+    exclusive = _bias_exclusive(bias, q, k) if bias_grad else True
+    dbias = None
+    if bias_grad:
+        shape = (*q.shape[:3], k.shape[2]) if deterministic and not exclusive else bias.shape
+        dbias = torch.zeros(shape, dtype=bias.dtype if exclusive else torch.float32, device=q.device)
+    dsinks = None
+    if sinks is not None and not deterministic:
+        dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device)
+    kernel_sinks = None if dsinks is None else sinks.detach().float().contiguous()
+    grads = library.backward(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias,
+                             kernel_sinks, dsinks, deterministic)
+    if sinks is not None and deterministic:
+        dsinks = reference.sink_gradient(dout, out, lse, sinks)
+    if dbias is not None and dbias.shape != bias.shape:
+        dbias = _summed_to(dbias, bias.shape)
+    return (*grads, dsinks, dbias)
 
 
-def _alert_not_deterministic() -> None:
-    """Under `torch.use_deterministic_algorithms(True)`, refuse the CUDA backward (RuntimeError), or warn with
-    ``warn_only=True``, as torch's own ops without a deterministic implementation do."""
-    if not torch.are_deterministic_algorithms_enabled():
-        return
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(NOT_DETERMINISTIC, stacklevel=2)
-    else:
-        raise RuntimeError(NOT_DETERMINISTIC)
-
-
-def _bias_grad_dtype(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, backend: str) -> torch.dtype:
-    """The dtype of the buffer a backward writes the bias's gradient into: the bias's own where the CUDA op stores
-    each element once (no dim of the call longer than 1 on which the bias broadcasts), else float32 (the op's atomics,
-    the reference's chunks add into it)."""
+def _bias_exclusive(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether every (q, k) pair of the call has its own element of ``bias`` (no dim of the call longer than 1 on
+    which bias broadcasts): the CUDA op then stores its gradient in bias's dtype, else adds it into float32."""
     call = (*q.shape[:3], k.shape[2])
     shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-    exclusive = all(size == extent or extent == 1 for size, extent in zip(shape, call))
-    return bias.dtype if backend == _CUDA and exclusive else torch.float32
+    return all(size == extent or extent == 1 for size, extent in zip(shape, call))
+
+
+def _summed_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``grad`` of the call's ``[B, Hq, Sq, Skv]`` summed over the dims a bias of ``shape`` broadcasts on."""
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    dims = [d for d in range(4) if padded[d] == 1 and grad.shape[d] > 1]
+    return (grad.sum(dims, keepdim=True) if dims else grad).reshape(shape)
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd of `omni_attention`: ``forward(q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale,
-    softcap) -> (out, lse)``; lse is not differentiable; sinks (or None) and bias (or None) get the backend's dsinks
-    and dbias, in bias's dtype, allocated only where bias needs it. The mask travels flattened
+    """Autograd of `omni_attention`: ``forward(q, k, v, sinks, bias, deterministic, backend, mask_tensors, mask_sizes,
+    scale, softcap) -> (out, lse)``; lse is not differentiable; sinks (or None) and bias (or None) get the backend's
+    dsinks and dbias, in bias's dtype, allocated only where bias needs it. The mask travels flattened
     (`OmniBlockMask.as_tuple`) so that Dynamo sees only tensors and constants; its tensors never need a gradient, so
     they ride on ctx rather than through save_for_backward, which keeps the call's argument count (and its host
     cost) small."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale, softcap):
+    def forward(ctx, q, k, v, sinks, bias, deterministic, backend, mask_tensors, mask_sizes, scale, softcap):
         out, lse = _forward(q, k, v, sinks, bias, backend, mask_tensors, mask_sizes, scale, softcap)
         ctx.save_for_backward(q, k, v, out, lse, sinks, bias)
-        ctx.args = backend, mask_tensors, mask_sizes, scale, softcap
+        ctx.args = backend, mask_tensors, mask_sizes, scale, softcap, deterministic
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for lse's gradient
         return out, lse
@@ -245,18 +263,18 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, sinks, bias = ctx.saved_tensors
-        backend, tensors, sizes, scale, softcap = ctx.args
+        backend, tensors, sizes, scale, softcap, deterministic = ctx.args
         if grad_out is None:
-            return (None,) * 10
+            return (None,) * 11
         sinks_grad = sinks is not None and ctx.needs_input_grad[3]
         bias_grad = bias is not None and ctx.needs_input_grad[4]
         dq, dk, dv, dsinks, dbias = _backward(backend, grad_out, q, k, v, out, lse, sinks, sinks_grad, bias, bias_grad,
-                                              tensors, sizes, scale, softcap)
+                                              tensors, sizes, scale, softcap, deterministic)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)
         if dbias is not None:
             dbias = dbias.to(bias.dtype)
-        return dq, dk, dv, dsinks, dbias, None, None, None, None, None
+        return dq, dk, dv, dsinks, dbias, None, None, None, None, None, None
 
 
 @torch.library.custom_op("omni_hf::reference_forward", mutates_args=())

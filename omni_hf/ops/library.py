@@ -114,8 +114,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_tensors: Seq
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, mask_tensors: Sequence[torch.Tensor | None], mask_sizes: Sequence[int], scale: float,
              softcap: float | None, bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None,
-             sinks: torch.Tensor | None = None,
-             dsinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             sinks: torch.Tensor | None = None, dsinks: torch.Tensor | None = None,
+             deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward on the GPU (``omni_hf::bwd``) from the forward's out and lse; the mask, scalars and
     ``bias`` as in `forward`.
 
@@ -128,6 +128,9 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         sinks, dsinks: None, or float32 ``[Hq]`` contiguous on q's device: the forward's sinks and a zeroed tensor into
             which the op adds their gradient, ``-sum over b and rows of exp(sinks[h] - lse) * rowsum(dout * out)``
             (computed beside that row sum, which the backward needs anyway).
+        deterministic: gradients bitwise equal on every run: the kernels add each Q tile's dQ in a fixed order of key
+            tiles (counted in the mask's row view, which the op then also takes). ``dsinks`` must then be None and
+            ``dbias`` give every pair its own element (the op would add those with atomics).
     Returns:
         dq ``[B, Hq, Sq, D]``, dk and dv ``[B, Hkv, Skv, D]``, each in its input's dtype and layout.
     """
@@ -136,7 +139,8 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _, _, block_q, block_kv, window, window_covers_groups, kind = mask_sizes
     return torch.ops.omni_hf.bwd.default(dout, q, k, v, out, lse, num, indices, types, partial, pool, doc, grp, ranges,
                                          kind, block_q, block_kv, window, bool(window_covers_groups), scale,
-                                         softcap or 0.0, _expanded(bias, q, k), _expanded(dbias, q, k), sinks, dsinks)
+                                         softcap or 0.0, _expanded(bias, q, k), _expanded(dbias, q, k), sinks, dsinks,
+                                         deterministic, *(mask_tensors[ROW_VIEW] if deterministic else (None,) * 4))
 
 
 def _expanded(t: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

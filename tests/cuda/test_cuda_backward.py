@@ -353,26 +353,81 @@ if __name__ == "__main__":
     print("ok")
 
 
-def test_deterministic_mode_refuses_the_kernels_backward_and_warn_only_runs_it():
-    """`torch.use_deterministic_algorithms(True)`: the backward (dQ added with atomics) raises, naming the way out;
-    with ``warn_only=True`` it warns and gives the same gradients as without the mode (within its atomics' order)."""
+def _deterministic_case_mask(kind: str, q_len: int, kv_len: int, *, gen) -> OmniBlockMask:
+    """The masks of the deterministic tests: every way a backward CTA finds its Q tiles (block lists of both block
+    sizes, the token rule, the implicit kinds with and without a window)."""
+    if kind == "token":
+        doc, grp = _token_ids(2, kv_len, seed=q_len)
+        return OmniBlockMask.from_token_ids(doc, grp, block_size=128, q_len=q_len)
+    if kind.startswith("blocks"):
+        block = int(kind.removeprefix("blocks"))
+        return OmniBlockMask.from_dense(_block_mixture(2, 1, q_len, kv_len, block, block, gen=gen), block_size=block)
+    if kind == "causal_window":
+        return OmniBlockMask.causal(q_len, kv_len, window=300)
+    return OmniBlockMask.full(q_len, kv_len)
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256, 512])
+@pytest.mark.parametrize("kind", ["token", "blocks128", "blocks64", "causal_window", "full"])
+def test_deterministic_backward_repeats_bitwise_and_matches_the_definition(dim, kind, kernel_path):
+    """``deterministic=True``: ten backwards of one call give bitwise-equal dq, dk, dv (the CTAs adding into a dQ
+    tile take turns), and they match the float64 definition like every other backward. B 2, 8 / 2 heads, 700
+    queries over 1000 keys (bottom-right aligned), crossing the 64- and 128-row tiles and the key blocks. A call
+    that would take the sm_80 kernels (which have no deterministic variant) is refused, naming why."""
+    gen = torch.Generator("cuda").manual_seed(dim * 31 + len(kind))
+    q_len, kv_len = 700, 1000
+    q, k, v, dout = _qkv(2, 8, 2, q_len, kv_len, dim, torch.bfloat16, gen=gen)
+    mask = _deterministic_case_mask(kind, q_len, kv_len, gen=gen).to("cuda")
+    scale = dim**-0.5
+    gold, lse64, ref, out, lse = _gold_and_reference(dout, q, k, v, mask, scale, None)
+    if not (kernel_path == "sm90" and dim <= 256 and mask.block_kv == 128):
+        with pytest.raises(RuntimeError, match="the deterministic backward is the sm_90a kernel's"):
+            library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), scale, None, deterministic=True)
+        return
+    runs = [library.backward(dout, q, k, v, out, lse, *mask.as_tuple(), scale, None, deterministic=True)
+            for _ in range(10)]
+    for run in runs[1:]:
+        for name, first, again in zip(("dq", "dk", "dv"), runs[0], run):
+            assert torch.equal(first, again), f"{name} differs between runs"
+    allowed = mask.to_dense("cuda")
+    _assert_gradients(runs[0], gold, ref, _structural_zeros(allowed, 2, 8, 2),
+                      _rounding_floor(dout, q, k, v, allowed, scale, None, lse64))
+
+
+def test_deterministic_algorithms_make_every_gradient_repeat_bitwise_sinks_and_broadcast_bias_included(kernel_path):
+    """Under ``torch.use_deterministic_algorithms(True)``, a call with sinks and a bias broadcast over the batch (whose
+    gradients the default backward adds with atomics) gives bitwise-equal gradients of q, k, v, the sinks and the
+    bias over ten runs, and the same gradients as the default backward up to the order of its sums (on the sm_90a
+    kernels, which alone have the deterministic variant)."""
+    if kernel_path == "sm80":
+        pytest.skip("the sm_80 kernels have no deterministic backward")
     from omni_hf import omni_attention
 
-    q, k, v, dout = _qkv(2, 4, 2, 300, 300, 128, torch.bfloat16, gen=torch.Generator("cuda").manual_seed(5))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    mask = OmniBlockMask.causal(300, 300)
+    if not is_hopper():
+        pytest.skip("the deterministic backward is the sm_90a kernel's")
+    gen = torch.Generator("cuda").manual_seed(5)
+    q, k, v, dout = _qkv(2, 4, 2, 600, 600, 128, torch.bfloat16, gen=gen)
+    sinks = torch.randn(4, generator=gen, device="cuda")
+    bias = torch.randn(1, 4, 600, 600, generator=gen, device="cuda").to(torch.bfloat16)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks, bias)]
+    mask = _deterministic_case_mask("token", 600, 600, gen=gen).to("cuda")
+
+    def grads():
+        out = omni_attention(*leaves[:3], mask, sinks=leaves[3], bias=leaves[4])
+        return torch.autograd.grad(out, leaves, dout)
+
+    default = grads()
     state = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)
-        out = omni_attention(q, k, v, mask)
-        with pytest.raises(RuntimeError, match="not bitwise repeatable"):
-            out.backward(dout)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        with pytest.warns(UserWarning, match="warn_only=True"):
-            warned = torch.autograd.grad(omni_attention(q, k, v, mask), (q, k, v), dout)
-        torch.use_deterministic_algorithms(False)
-        plain = torch.autograd.grad(omni_attention(q, k, v, mask), (q, k, v), dout)
+        runs = [grads() for _ in range(10)]
     finally:
         torch.use_deterministic_algorithms(state[0], warn_only=state[1])
-    for a, b in zip(warned, plain):  # the same kernels: apart only by the order of dQ's atomics, in bf16
-        assert float((a.float() - b.float()).norm() / b.float().norm()) < 1e-2
+    names = ("dq", "dk", "dv", "dsinks", "dbias")
+    for run in runs[1:]:
+        for name, first, again in zip(names, runs[0], run):
+            assert torch.equal(first, again), f"{name} differs between runs"
+    for name, det, plain in zip(names, runs[0], default):
+        assert det.shape == plain.shape and det.dtype == plain.dtype, name
+        err = float((det.float() - plain.float()).norm() / plain.float().norm())
+        assert err < 1e-2, f"{name}: {err:.2e} from the default backward"  # bf16 gradients summed in other orders

@@ -1,7 +1,6 @@
 """omni_attention: the op against the float64 softmax, autograd, torch.compile, and input checks."""
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
@@ -186,34 +185,58 @@ def restore_determinism():
     torch.use_deterministic_algorithms(state[0], warn_only=state[1])
 
 
-def _cuda_backward_on_a_stub(monkeypatch):
-    """`attention._backward` of the CUDA backend with the library's op replaced by a stub returning random
-    gradients (the kernels' atomics are what the deterministic mode is about; the gate stands before them)."""
+def _cuda_backward_on_a_stub(monkeypatch, *, sinks=None, bias=None, deterministic=False):
+    """`attention._backward` of the CUDA backend with the library's op replaced by a stub that records what it was
+    given and writes random values into dbias and dsinks (the kernels' part); returns (results, what the stub got)."""
     from omni_hf.ops import attention, library
 
-    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
-    monkeypatch.setattr(library, "backward", lambda dout, q, k, v, *rest: (torch.randn_like(q), torch.randn_like(k),
-                                                                           torch.randn_like(v)))
-    return attention._backward("cuda", torch.randn_like(q), q, k, v, torch.randn_like(q), torch.randn(1, 2, 5), None,
-                               False, None, False, [], [5, 5, 64, 64, None, False, 2], 0.3, 0.0)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=gen) for _ in range(3))
+    got = {}
+
+    def stub(dout, q, k, v, out, lse, mask_tensors, mask_sizes, scale, softcap, bias, dbias, sinks, dsinks,
+             deterministic):
+        got.update(dbias=dbias, sinks=sinks, dsinks=dsinks, deterministic=deterministic)
+        for t in (dbias, dsinks):
+            if t is not None:
+                t.copy_(torch.randn(t.shape, generator=gen))
+        return torch.randn_like(q), torch.randn_like(k), torch.randn_like(v)
+
+    monkeypatch.setattr(library, "backward", stub)
+    dout, out, lse = torch.randn(2, 2, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen), torch.randn(
+        2, 2, 5, generator=gen)
+    results = attention._backward("cuda", dout, q, k, v, out, lse, sinks, sinks is not None, bias, bias is not None,
+                                  [], [5, 5, 64, 64, None, False, 2], 0.3, 0.0, deterministic)
+    return results, got, (dout, out, lse)
 
 
-def test_the_cuda_backward_refuses_deterministic_mode_and_warns_under_warn_only(monkeypatch, restore_determinism):
-    from omni_hf.ops.attention import NOT_DETERMINISTIC
+@pytest.mark.parametrize("how", ["argument", "torch_mode"])
+def test_a_deterministic_cuda_backward_sums_what_the_kernels_would_add_with_atomics(monkeypatch, restore_determinism,
+                                                                                     how):
+    """``deterministic=True`` or ``torch.use_deterministic_algorithms(True)``: the op is asked for its ordered dQ,
+    gets no sinks (their gradient comes from `reference.sink_gradient`) and, for a bias broadcast over the batch, a
+    float32 buffer of the call's shape, which is then summed over the batch into the bias's shape."""
+    from omni_hf.ops import reference
 
+    torch.use_deterministic_algorithms(how == "torch_mode")
+    sinks, bias = torch.randn(2), torch.randn(1, 2, 5, 5, dtype=torch.bfloat16)
+    (dq, _, _, dsinks, dbias), got, (dout, out, lse) = _cuda_backward_on_a_stub(
+        monkeypatch, sinks=sinks, bias=bias, deterministic=how == "argument")
+    assert got["deterministic"] is True and got["sinks"] is None and got["dsinks"] is None
+    assert got["dbias"].shape == (2, 2, 5, 5) and got["dbias"].dtype == torch.float32
+    assert dbias.shape == bias.shape and torch.equal(dbias, got["dbias"].sum(0, keepdim=True))
+    assert torch.equal(dsinks, reference.sink_gradient(dout, out, lse, sinks))
+    assert dq.shape == (2, 2, 5, 8)
+
+
+def test_the_default_cuda_backward_leaves_sinks_and_a_broadcast_bias_to_the_kernels(monkeypatch, restore_determinism):
     torch.use_deterministic_algorithms(False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        dq, dk, dv, dsinks, dbias = _cuda_backward_on_a_stub(monkeypatch)
-    assert dq.shape == (1, 2, 5, 8) and dsinks is None and dbias is None
-    torch.use_deterministic_algorithms(True)
-    with pytest.raises(RuntimeError, match="not bitwise repeatable") as refused:
-        _cuda_backward_on_a_stub(monkeypatch)
-    assert str(refused.value) == NOT_DETERMINISTIC
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    with pytest.warns(UserWarning, match="warn_only=True"):
-        dq, _, _, _, _ = _cuda_backward_on_a_stub(monkeypatch)
-    assert torch.isfinite(dq).all()
+    sinks, bias = torch.randn(2), torch.randn(1, 2, 5, 5, dtype=torch.bfloat16)
+    (_, _, _, dsinks, dbias), got, _ = _cuda_backward_on_a_stub(monkeypatch, sinks=sinks, bias=bias)
+    assert got["deterministic"] is False
+    assert got["sinks"] is not None and torch.equal(got["sinks"], sinks.float())
+    assert dsinks is got["dsinks"] and dbias is got["dbias"]
+    assert dbias.shape == bias.shape and dbias.dtype == torch.float32  # atomics add into float32
 
 
 def test_the_reference_backward_runs_in_deterministic_mode_and_repeats_bitwise(restore_determinism):
