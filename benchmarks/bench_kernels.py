@@ -1,7 +1,7 @@
 """omni alone on the realistic shape, for kernel work: forward, forward+backward and the backward by difference.
 
     python -m benchmarks.bench_kernels [--masks vlm,causal] [--seqlens 8192,16384] [--head-dim 128] [--heads 32/8]
-                                       [--features none,sinks,bias] [--window W] [--rounds N]
+                                       [--features none,sinks,bias,deterministic] [--window W] [--rounds N]
 
 The suite's realistic shape (B=1, Hq=32, Hkv=8, D=128, bf16, blocks of 128; ``--head-dim`` and ``--heads HQ/HKV``
 change it); TFLOP/s over the allowed (q, k) pairs (4 * Hq * D flops per pair forward,
@@ -20,7 +20,8 @@ run, its times printed relative to none's (the feature's cost, e.g. ``sinks fwd 
   value elsewhere, as Transformers' sdpa hands it; the mask's gradient taken, K/V repeated per query head as
   Transformers does) on the memory-efficient and cuDNN backends, and math where S <= 4096; omni's bias
   forward+backward against the fastest of them (``speedup over sdpa-cudnn 1.80x``: its time over omni's), and the
-  relative error of omni's output against that backend's.
+  relative error of omni's output against that backend's;
+- ``deterministic``: ``omni_attention(..., deterministic=True)``, the backward's dQ added in a fixed order.
 
 ``--rounds N`` times the case's calls in turn N times, each call's time the median of its rounds (100/N ms of
 do_bench repeats each), so that drift of the GPU's clock falls on all of them alike: a cost of a few percent needs it.
@@ -42,7 +43,7 @@ from omni_hf import omni_attention
 from omni_hf.ops.attention import MAX_HEAD_DIM
 
 SHAPE = SHAPES["realistic"]
-FEATURES = ("none", "sinks", "bias")
+FEATURES = ("none", "sinks", "bias", "deterministic")
 SDPA_MATH_MAX = 4096  # the math backend (S x S scores in several copies) only up to this length
 
 
@@ -53,18 +54,20 @@ def gemm_tflops(n: int = 8192) -> float:
     return 2 * n**3 / measure.median_ms(lambda: a @ b) / 1e9
 
 
-def feature_inputs(feature: str, shape: Shape, seq_len: int) -> dict[str, torch.Tensor]:
-    """`omni_attention`'s keyword arguments for ``feature``, each a leaf requiring grad (none: nothing)."""
+def feature_inputs(feature: str, shape: Shape, seq_len: int) -> dict[str, torch.Tensor | bool]:
+    """`omni_attention`'s keyword arguments for ``feature``: tensors are leaves requiring grad (none: nothing)."""
     gen = torch.Generator("cuda").manual_seed(1)
     if feature == "sinks":
         return {"sinks": torch.randn(shape.heads_q, device="cuda", generator=gen).requires_grad_()}
     if feature == "bias":
         return {"bias": torch.randn(1, shape.heads_q, seq_len, seq_len, device="cuda", generator=gen,
                                     dtype=shape.dtype).requires_grad_()}
+    if feature == "deterministic":
+        return {"deterministic": True}
     return {}
 
 
-def timed_calls(fn: Callable, q, k, v, dout, extra: dict[str, torch.Tensor]) -> dict[str, Callable]:
+def timed_calls(fn: Callable, q, k, v, dout, extra: dict[str, torch.Tensor | bool]) -> dict[str, Callable]:
     """The forward and the forward+backward of ``fn(q, k, v)``; the backward's gradients of ``extra`` (the feature's
     leaves) are dropped after each call, so that no call accumulates into the last one's (an S x S bias would add
     a pass over its gradient)."""
@@ -73,7 +76,8 @@ def timed_calls(fn: Callable, q, k, v, dout, extra: dict[str, torch.Tensor]) -> 
     def forward_backward():
         out = both()
         for t in extra.values():
-            t.grad = None
+            if isinstance(t, torch.Tensor):
+                t.grad = None
         return out
 
     return {"fwd": measure.forward_fn(fn, q, k, v), "fwd+bwd": forward_backward}
@@ -113,7 +117,7 @@ def time_case(name: str, seq_len: int, gemm: float, shape: Shape = SHAPE, featur
     scale = shape.dim**-0.5
     inputs = {feature: feature_inputs(feature, shape, seq_len) for feature in ("none", *features)}
 
-    def attention(extra: dict[str, torch.Tensor]) -> Callable:
+    def attention(extra: dict[str, torch.Tensor | bool]) -> Callable:
         return lambda q, k, v: omni_attention(q, k, v, mask, scale=scale, **extra)
 
     times = time_rounds({feature: timed_calls(attention(extra), q, k, v, dout, extra)
