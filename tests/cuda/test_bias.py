@@ -1,17 +1,18 @@
 """The additive score bias (``omni_attention(..., bias=)``) on the kernels, against a float64 definition.
 
-The definition (`tests.helpers.bias_checks.bias_definition`) adds the bias to dense float64 scores, sets masked pairs
-to -inf and takes the softmax: nothing of the kernels' tiling or of the reference's chunking is shared. bf16 q, k, v
-(B = 2, 8 query / 2 KV heads, head dims 64, 128, 256 and 512; 700 query rows over 1000 keys and 1000 over 1000, crossing
-the 64- and 128-row tiles), every mask kind with rows that see no key, and the bias layouts that matter: T5's
-permuted ``[1, H, Sq, Skv]`` bf16 view (last-dim stride H: read one element at a time, its gradient summed over the
-batch by float32 atomics) and full ``[B, H, Sq, Skv]`` float32 and bf16 biases (read two keys at a time, each
-gradient element stored once in the bias's dtype). The
-kernels' out, lse and every gradient (dq, dk, dv, and the bias's, summed by the op's atomics over the broadcast
-heads) must stay within `ROUNDINGS_BOUND` of the bf16 reference's own error. Decoding-shaped calls (1 and 4 query
-rows over 3000 keys) are checked forward. A bias that needs no gradient gets no accumulator; NaN at masked pairs
-changes nothing. On a Hopper GPU every case runs on both kernel families (``kernel_path``); the library fills its
-outputs with NaN first (``poisoned_outputs``); GPU cases skip without the library.
+The definition (`tests.helpers.bias_checks.bias_definition`) adds the bias to dense float64 scores, sets masked
+pairs to -inf and takes the softmax: nothing of the kernels' tiling or of the reference's chunking is shared. bf16
+q, k, v (B = 2, 8 query / 2 KV heads, head dims 64, 128, 256 and 512; 700 query rows over 1000 keys and 1000 over
+1000, crossing the 64- and 128-row tiles), every mask kind with rows that see no key, and the bias layouts that
+matter: T5's permuted ``[1, H, Sq, Skv]`` bf16 view (last-dim stride H: read one element at a time, its gradient
+summed over the batch by float32 atomics) and full ``[B, H, Sq, Skv]`` float32 and bf16 biases (read two keys at a
+time, each gradient element stored once in the bias's dtype), and the bf16 layout the Hopper backward stages in
+shared memory at its edges (rows padded past a key count that is no multiple of 8, per batch row or broadcast over
+it). The kernels' out, lse and every gradient (dq, dk, dv, and the bias's, summed by the op's atomics over the
+broadcast heads) must stay within `ROUNDINGS_BOUND` of the bf16 reference's own error. Decoding-shaped calls (1 and
+4 query rows over 3000 keys) are checked forward. A bias that needs no gradient gets no accumulator; NaN at masked
+pairs changes nothing. On a Hopper GPU every case runs on both kernel families (``kernel_path``); the library fills
+its outputs with NaN first (``poisoned_outputs``); GPU cases skip without the library.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from omni_hf import OmniBlockMask
 from omni_hf.ops import library
-from tests.helpers.bias_checks import bias_leaf, run_definition, run_omni
+from tests.helpers.bias_checks import BIAS_LAYOUTS, bias_leaf, run_definition, run_omni
 from tests.helpers.brute_force import masks_of_every_kind, relative_error
 
 ROUNDINGS_BOUND = 4.0  # kernel error / same-dtype reference error, as in the backward's and the sinks' tests
@@ -88,6 +89,26 @@ def test_bias_on_the_kernels_matches_the_definition(dim, layout, q_len, kv_len):
     leaf = bias_leaf(bias_layout, 2, 8, q_len, kv_len, dtype, "cuda", gen)
     for name, mask in masks_of_every_kind(2, 8, q_len, kv_len, "cuda", gen):
         _kernel_errors_within_bound(inputs, mask, leaf, bias_layout, f"{name}, {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("kernel_path", "poisoned_outputs")
+@pytest.mark.parametrize("broadcast", [False, True])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_a_staged_bias_at_its_edges_matches_the_definition(dim, broadcast, monkeypatch):
+    """The layout the sm_90a backward copies into shared memory (2-byte keys contiguous, rows 16-byte aligned) at its
+    edges: bf16 rows padded to 1008 elements past 1001 keys, so the last 16-byte copy of each row is partly
+    zero-filled, per batch row (its gradient stored in bf16) or broadcast over the batch (its gradient added by
+    float32 atomics); B 2, 8 / 2 heads, 700 x 1001 crossing the 64-row and 128-key tiles, every mask kind."""
+    q_len, kv_len, pitch = 700, 1001, 1008
+    layout = "[1|B, Hq, Sq, Skv] bf16, rows padded"
+    monkeypatch.setitem(BIAS_LAYOUTS, layout, (lambda b, h, s, k: (1 if broadcast else b, h, s, pitch),
+                                               lambda t: t[..., :kv_len]))
+    gen = torch.Generator().manual_seed(dim + broadcast)
+    inputs = _inputs(2, 8, 2, q_len, kv_len, dim, gen)
+    leaf = bias_leaf(layout, 2, 8, q_len, kv_len, torch.bfloat16, "cuda", gen)
+    for name, mask in masks_of_every_kind(2, 8, q_len, kv_len, "cuda", gen):
+        _kernel_errors_within_bound(inputs, mask, leaf, layout, f"{name}, broadcast={broadcast}")
 
 
 @pytest.mark.gpu
