@@ -17,7 +17,8 @@ namespace omni::bwd {
 // value in each. Not inlined: the sm_90a producer warp that calls it has few registers, and the call keeps what it
 // needs out of the rest of the walk.
 template <int kBlockM, int kBlockN>
-__noinline__ __device__ int dq_turn(const OmniMask& m, int b, int h, int m_block, int n0, int q_len, int kv_len, int lane) {
+__noinline__ __device__ int dq_turn(const OmniMask& m, int b, int h, int m_block, int n0, int q_len, int kv_len,
+                                    int lane) {
   const int qb = m_block * kBlockM / m.block_q;
   const int kb = n0 / m.block_kv;
   int before = 0;
