@@ -153,15 +153,22 @@ __forceinline__ __device__ void produce(const Params& params, Storage& s, int b,
   const int mask_block = kv_block * kBlockN / Traits::kMaskBlockN;
   const bwd::ColumnWalk<kBlockM> walk(m, b, h_kv * group, group, mask_block, f.q_len, f.kv_len);
   bwd::WalkCursor cursor = walk.start();
-  for (int t = 0;; ++t) {
-    const int stage = t % Traits::kStages;
-    Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);  // a fresh barrier counts as freed once
+  auto next_tile = [&] {
     QTile tile = walk.next(cursor);
     if (tile.kind == kTileToken && token_ranges_apply(m, b)) tile.kind = kTileTokenRanges;
     if (kDeterministic && tile.valid) {
       tile.turn =
           bwd::dq_turn<kBlockM, kBlockN>(m, b, tile.h, tile.m_block, kv_block * kBlockN, f.q_len, f.kv_len, lane);
     }
+    return tile;
+  };
+  for (int t = 0;; ++t) {
+    const int stage = t % Traits::kStages;
+    // The deterministic variant counts the tile's turn (global reads) while the consumers still hold the stage.
+    QTile tile;
+    if constexpr (kDeterministic) tile = next_tile();
+    Barrier::wait(&s.empty[stage], ((t / Traits::kStages) & 1) ^ 1);  // a fresh barrier counts as freed once
+    if constexpr (!kDeterministic) tile = next_tile();
     if (lane == 0) {
       s.tile[stage] = tile;
       if (tile.valid) {
