@@ -25,6 +25,10 @@ __noinline__ __device__ int dq_turn(const OmniMask& m, int b, int h, int m_block
   if (m.kind == OMNI_MASK_BLOCKS) {
     const BlockRow row = block_row(m.kv, b, m.heads == 1 ? 0 : h, qb);
     for (int e = lane; e < row.count; e += 32) before += row.indices[e] < kb;
+  } else if (m.kind == OMNI_MASK_FULL || m.window <= 0) {
+    // Every earlier block reaches this Q block: all of them under FULL; under causal without a window, a block of
+    // earlier keys holds an allowed pair wherever a later one does.
+    before = lane == 0 ? kb : 0;
   } else {
     const int qpos_first = qb * m.block_q + kv_len - q_len;
     const int qpos_last = implicit_last_qpos(m, qpos_first, kv_len);
