@@ -98,14 +98,11 @@ static __noinline__ __device__ void pass_pending_turn(int* turns, int64_t& passi
   passing = -1;
 }
 
-static __noinline__ __device__ void reduce_dq_in_turn(float* dq_rows, const float* dq_lo, const float* dq_hi,
-                                                      int half_bytes, int* turns, int64_t tile, int turn,
-                                                      int64_t& passing) {
+// Waits for Q tile `tile`'s turn `turn`, once the pending one has passed; the tile's reduction, issued next, is then
+// the pending one.
+static __noinline__ __device__ void take_dq_turn(int* turns, int64_t tile, int turn, int64_t& passing) {
   pass_pending_turn(turns, passing);
   bwd::wait_turn(turns + tile, turn);
-  bulk_reduce_add(dq_rows, dq_lo, half_bytes);
-  bulk_reduce_add(dq_rows + half_bytes / sizeof(float), dq_hi, half_bytes);
-  tma_store_arrive();
   passing = tile;
 }
 
@@ -443,14 +440,10 @@ __forceinline__ __device__ void consume(const OmniBwdParams& p, const bwd::Works
     if (reduces) {
       const int64_t tile_row = (int64_t(b) * f.heads_q + tile.h) * ws.q_pad + tile.m_block * kBlockM;
       float* dq_rows = ws.dq_accum + tile_row * kHeadDim;
-      if constexpr (kDeterministic) {
-        reduce_dq_in_turn(dq_rows, dq_lo, dq_hi, kDqHalfBytes, ws.dq_turns, tile_row / kBlockM, s.dq_turn,
-                          s.dq_passing);
-      } else {
-        bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
-        bulk_reduce_add(dq_rows + Traits::kDqHalfFloats, dq_hi, kDqHalfBytes);
-        tma_store_arrive();
-      }
+      if constexpr (kDeterministic) take_dq_turn(ws.dq_turns, tile_row / kBlockM, s.dq_turn, s.dq_passing);
+      bulk_reduce_add(dq_rows, dq_lo, kDqHalfBytes);
+      bulk_reduce_add(dq_rows + Traits::kDqHalfFloats, dq_hi, kDqHalfBytes);
+      tma_store_arrive();
     } else if constexpr (kWideHead) {
       Barrier::arrive(&s.empty[stage]);  // the reducing thread arrives once its reductions have read the stage
     }

@@ -128,7 +128,7 @@ struct BwdTraits {
     alignas(16) int k_ids[2 * kBlockN];           // [doc, grp] or [first, last] pairs of the CTA's keys
     bwd::QTile tile[kStages];                     // what the producer's walk gave for each stage
     int dq_turn;                                  // the deterministic backward's turn of the tile being reduced
-    int64_t dq_passing;                           // its Q tile whose turn is still to pass (reduce_dq_in_turn)
+    int64_t dq_passing;                           // its Q tile whose turn is still to pass (take_dq_turn)
     alignas(8) uint64_t kv_full;                  // K, V and k_ids landed
     uint64_t full[kStages];                       // Q, dO, lse2, dsum, q_ids, the bias and the tile landed
     uint64_t empty[kStages];                      // every consumer thread is done with the stage
