@@ -14,8 +14,8 @@ namespace omni::bwd {
 // column (bwd_walk.cuh): for a block list, the blocks before its own in the Q block's row view (the row and column
 // views list the same blocks); for an implicit kind, the earlier blocks whose column walk reaches the Q block. Each
 // of a mask block's block_kv / kBlockN key tiles takes a turn. Called by every lane of one warp; returns the same
-// value in each. Not inlined: the sm_90a producer warp that calls it has few registers, and the call keeps what it
-// needs out of the rest of the walk.
+// value in each. Not inlined: its callers (the sm_90a producer warp, warp 0 of the sm_80 kernel) have few registers
+// to spare, and the call keeps what it needs out of the rest of their code.
 template <int kBlockM, int kBlockN>
 __noinline__ __device__ int dq_turn(const OmniMask& m, int b, int h, int m_block, int n0, int q_len, int kv_len,
                                     int lane) {

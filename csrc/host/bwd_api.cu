@@ -56,11 +56,6 @@ int run_bwd(const OmniBwdParams& p, const Workspace& ws) {
   if constexpr (sm90_bwd_head_dim(kHeadDim)) {
     if (tuning::bwd_takes_sm90(p)) return sm90::run_bwd<Element, kHeadDim>(p, ws);
   }
-  if (p.deterministic)
-    return fail(OMNI_ERR_ARCH,
-                "deterministic=%d: the deterministic backward is the sm_90a kernel's (compute capability 9.0, head "
-                "dim up to 256, 128-key mask blocks); this call (head_dim=%d, block_kv=%d) takes the sm_80 kernels",
-                p.deterministic, p.fwd.head_dim, p.fwd.mask.block_kv);
   return sm80::run_bwd<Element, kHeadDim>(p, ws);
 }
 

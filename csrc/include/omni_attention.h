@@ -155,8 +155,8 @@ typedef struct {
   float* dsinks;
   // Non-zero: gradients bitwise equal on every run. The kernels that add into one dQ tile then take turns in
   // ascending key order, and with block lists read fwd.mask.kv (the row view) as well as fwd.mask.q; dsinks must be
-  // NULL and dbias, where given, exclusive (what would be added with atomics is the caller's to sum). The sm_90a
-  // backward alone has this variant: a call that would take the sm_80 kernels fails with OMNI_ERR_ARCH.
+  // NULL and dbias, where given, exclusive (what would be added with atomics is the caller's to sum). Both kernel
+  // families (sm_90a, sm_80) have this variant.
   int32_t deterministic;
   void* workspace;  // device memory of omni_bwd_workspace_bytes(); contents need no init
   size_t workspace_bytes;

@@ -2,7 +2,8 @@
 // block, or half of a 128-key one) accumulates dK and dV of its keys in registers over every active Q tile of
 // its block's column, for all query heads of its GQA group (so dK / dV come out summed over the group), and adds
 // each tile's dQ contribution to the fp32 workspace with atomics (no second pass over the row view: that would
-// recompute S and dP).
+// recompute S and dP). The kDeterministic variant adds them in the tile's turn (common/bwd_turns.cuh), so that every
+// element of dq_accum sums the same terms in the same order on every run.
 //
 // Per Q tile (kBlockM rows of query head h), while Q, dO, lse2 and D of the next tile load:
 //   S  = Q K^T                     (t = tanh(scale * S / softcap) with softcap, else t = S)
@@ -17,6 +18,7 @@
 #include "common/bias.cuh"
 #include "sm80/bwd_atomic.cuh"
 #include "sm80/bwd_mask.cuh"
+#include "common/bwd_turns.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/bwd_scores.cuh"
 #include "sm80/bwd_traits.cuh"
@@ -44,7 +46,8 @@ __forceinline__ __device__ void cp_async_16(void* smem, const void* gmem) {
 }
 
 // kSoftcap: s = cap * tanh(scale * S / cap), with the accurate tanhf so that P matches an exact lse.
-template <typename Kt, bool kSoftcap>
+// kDeterministic: each tile's dQ atomics in its turn (OmniBwdParams::deterministic).
+template <typename Kt, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(Kt::kNThreads, 1)
     bwd_main_kernel(const __grid_constant__ OmniBwdParams p, const Workspace ws) {
   using Element = typename Kt::Element;
@@ -207,6 +210,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       }
       __syncthreads();  // tile `cur` visible in buffer buf
       if (tid == 0 && sm.tiles[buf ^ 1].valid) advance_walk(sm.tiles[buf]);
+      // The deterministic backward's turn at this tile's dQ, counted by warp 0 while the others start the GEMMs.
+      int turn = 0;
+      if (kDeterministic && tid < 32) {
+        turn = dq_turn<kBlockM, kBlockN>(f.mask, b, cur.h, cur.m_block, n0, f.q_len, f.kv_len, tid);
+      }
 
       // S = Q K^T -> t = S or tanh(scale * S / cap), masked -> P = exp2(t * mul - lse2), stored to smem
       // as Element; the fp32 P replaces t in registers.
@@ -264,8 +272,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       // dV += P^T dO.
       gemm_ss(acc_dv, rA_dkv, rB_dkv, tdVsPt, copy_qdot_thr.partition_S(sdOt(buf)), mma_dkv, copy_pt, copy_qdot);
 
-      // dQ_accum += dS K, kDQ columns at a time, as atomics that drain while the dK GEMM runs.
-      float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + cur.h) * ws.q_pad + cur.m_block * kBlockM) * kD;
+      // dQ_accum += dS K, kDQ columns at a time, as atomics that drain while the dK GEMM runs (in the deterministic
+      // backward, once the earlier key tiles' are in: the turn is taken before and passed after they complete).
+      const int64_t dq_tile = (int64_t(b) * f.heads_q + cur.h) * (ws.q_pad / kBlockM) + cur.m_block;
+      float* dq_rows = ws.dq_accum + dq_tile * kBlockM * kD;
+      if constexpr (kDeterministic) {
+        if (tid == 0) wait_turn(ws.dq_turns + dq_tile, turn);
+        __syncthreads();
+      }
       CUTE_UNROLL
       for (int i = 0; i < Kt::kDQSplits; ++i) {
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kDQ>>{});
@@ -276,6 +290,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
             make_tensor(make_gmem_ptr(dq_rows + i * kDQ), Shape<Int<kBlockM>, Int<kDQ>>{}, Stride<Int<kD>, _1>{});
         Tensor tdQgdQ = mma_dq.get_thread_slice(tid).partition_C(gdQ);
         atomic_add_fragment(acc_dq, tdQgdQ);
+      }
+      if constexpr (kDeterministic) {
+        __threadfence();  // this thread's atomics are performed before the turn passes
+        __syncthreads();
+        if (tid == 0) pass_turn(ws.dq_turns + dq_tile);
       }
 
       // The next tile's row ids (the current ones were read before the barrier), loading during dK.

@@ -12,9 +12,9 @@
 namespace omni::sm80 {
 
 // The main kernel, after checking that the device grants its shared memory.
-template <class Kt, bool kSoftcap>
+template <class Kt, bool kSoftcap, bool kDeterministic>
 int launch_main(const OmniBwdParams& p, const bwd::Workspace& ws, dim3 grid, cudaStream_t stream) {
-  auto kernel = bwd::bwd_main_kernel<Kt, kSoftcap>;
+  auto kernel = bwd::bwd_main_kernel<Kt, kSoftcap, kDeterministic>;
   if (int s = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Kt::kSmemBytes, "bwd_main_kernel")) return s;
   kernel<<<grid, Kt::kNThreads, Kt::kSmemBytes, stream>>>(p, ws);
   return check_cuda(cudaGetLastError(), "bwd_main_kernel launch");
@@ -30,8 +30,11 @@ int run_bwd_tiles(const OmniBwdParams& p, const bwd::Workspace& ws) {
 
   if (int s = bwd::launch_preprocess<Element, kHeadDim>(p, ws)) return s;
   if (main_grid.x > 0 && main_grid.y > 0) {
-    const int s = dispatch_bool(f.softcap > 0.f,
-                                [&](auto softcap) { return launch_main<Kt, softcap()>(p, ws, main_grid, stream); });
+    const int s = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
+      return dispatch_bool(p.deterministic != 0, [&](auto deterministic) {
+        return launch_main<Kt, softcap(), deterministic()>(p, ws, main_grid, stream);
+      });
+    });
     if (s != OMNI_OK) return s;
   }
   if (row_grid.x > 0 && row_grid.y > 0) {

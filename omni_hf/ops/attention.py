@@ -69,9 +69,7 @@ def omni_attention(
             ``torch.use_deterministic_algorithms(True)`` is). The kernels then add each Q tile's dQ in a fixed order
             of key tiles, and the sinks' gradient and a broadcast bias's are summed by PyTorch instead of atomics
             (the bias's through a float32 buffer of the call's ``[B, Hq, Sq, Skv]``). The forward is deterministic
-            either way. On the GPU only the Hopper (sm_90a) backward has this variant (head dim up to 256, 128-key
-            mask blocks); a call that would take the sm_80 kernels raises RuntimeError (the reference,
-            ``OMNI_HF_BACKEND=reference``, is deterministic).
+            either way, and so is the reference (``OMNI_HF_BACKEND=reference``).
         return_lse: also return the log-sum-exp of each row (the sink included).
 
     Under autocast, q, k and v are cast to the autocast dtype first, as SDPA does.
