@@ -43,6 +43,9 @@ for step in "${steps[@]}"; do
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m tests.cuda.sanitize_forward || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m tests.cuda.test_cuda_backward \
                    || exit 1
+                 compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m tests.cuda.sanitize_backward || exit 1
+                 OMNI_HF_DISABLE_SM90=1 compute-sanitizer --tool $tool --kernel-name kns=omni \
+                   python3 -m tests.cuda.sanitize_backward 64 512 || exit 1
                  compute-sanitizer --tool $tool --kernel-name kns=omni python3 -m pytest -q -p no:cacheprovider \
                    tests/cuda/test_head_dims.py -k "matches and bf16 and 256 and (blocks128 or vlm)" || exit 1
                done' ;;
