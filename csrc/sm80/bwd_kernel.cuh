@@ -274,10 +274,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
 
       // dQ_accum += dS K, kDQ columns at a time, as atomics that drain while the dK GEMM runs (in the deterministic
       // backward, once the earlier key tiles' are in: the turn is taken before and passed after they complete).
-      const int64_t dq_tile = (int64_t(b) * f.heads_q + cur.h) * (ws.q_pad / kBlockM) + cur.m_block;
-      float* dq_rows = ws.dq_accum + dq_tile * kBlockM * kD;
+      float* dq_rows = ws.dq_accum + ((int64_t(b) * f.heads_q + cur.h) * ws.q_pad + cur.m_block * kBlockM) * kD;
+      int* dq_turns = ws.dq_turns + (int64_t(b) * f.heads_q + cur.h) * (ws.q_pad / kBlockM) + cur.m_block;
       if constexpr (kDeterministic) {
-        if (tid == 0) wait_turn(ws.dq_turns + dq_tile, turn);
+        if (tid == 0) wait_turn(dq_turns, turn);
         __syncthreads();
       }
       CUTE_UNROLL
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1)
       if constexpr (kDeterministic) {
         __threadfence();  // this thread's atomics are performed before the turn passes
         __syncthreads();
-        if (tid == 0) pass_turn(ws.dq_turns + dq_tile);
+        if (tid == 0) pass_turn(dq_turns);
       }
 
       // The next tile's row ids (the current ones were read before the barrier), loading during dK.
