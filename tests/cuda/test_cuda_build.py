@@ -237,6 +237,63 @@ def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path
         assert not (dense & ~covered).any(), case
 
 
+TURN_HARNESS = r"""
+#include <cstdio>
+#include "common/bwd_turns.cuh"
+// Prints, for an implicit mask, every block (qb, kb) of the column view with the deterministic backward's count of
+// the earlier key blocks that reach qb: counted whole, and as the sum of 32 lanes' shares.
+int main() {
+  int q_len, kv_len, block_q, block_kv, window, kind;
+  while (std::scanf("%d %d %d %d %d %d", &q_len, &kv_len, &block_q, &block_kv, &window, &kind) == 6) {
+    OmniMask m{};
+    m.kind = kind; m.block_q = block_q; m.block_kv = block_kv; m.window = window;
+    for (int kb = 0; kb < (kv_len + block_kv - 1) / block_kv; ++kb) {
+      const omni::BlockSpan s = omni::implicit_column_span(m, kb, q_len, kv_len);
+      for (int qb = s.first; qb < s.first + s.count; ++qb) {
+        const int qpos = qb * block_q + kv_len - q_len;
+        if (omni::implicit_block_type(m, qpos, omni::implicit_last_qpos(m, qpos, kv_len), kb, kv_len) == 0) continue;
+        int lanes = 0;
+        for (int lane = 0; lane < 32; ++lane)
+          lanes += omni::bwd::implicit_blocks_before(m, qb, kb, q_len, kv_len, lane, 32);
+        const int whole = omni::bwd::implicit_blocks_before(m, qb, kb, q_len, kv_len, 0, 1);
+        std::printf("%d %d %d %d\n", qb, kb, whole, lanes);
+      }
+    }
+    std::printf("end\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_the_deterministic_turn_counts_the_earlier_key_blocks_that_reach_a_q_block(tmp_path):
+    """The deterministic backward's turn under an implicit mask (csrc/common/bwd_turns.cuh), run on the host: for
+    every block the column walk visits, the count of earlier key blocks reaching its Q block is the number of key
+    blocks before it that hold an allowed pair of those rows (from the dense mask), whole and summed over 32 lanes'
+    shares. A count too high would leave a CTA waiting for a turn that never comes; too low, two CTAs would add at
+    once."""
+    needs()
+    exe = host_program(TURN_HARNESS, tmp_path / "turns")
+    lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
+    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
+    for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
+        q_len, kv_len, block_q, block_kv, window, kind = case
+        dense = (causal_dense(q_len, kv_len, window or None) if kind == 1
+                 else torch.ones(q_len, kv_len, dtype=torch.bool))
+        num_q, num_kv = -(-q_len // block_q), -(-kv_len // block_kv)
+        padded = torch.zeros(num_q * block_q, num_kv * block_kv, dtype=torch.bool)
+        padded[:q_len, :kv_len] = dense
+        reaches = padded.view(num_q, block_q, num_kv, block_kv).any(dim=3).any(dim=1)  # [num_q, num_kv]
+        counts = {}
+        for entry in filter(None, block.split("\n")):
+            qb, kb, whole, lanes = map(int, entry.split())
+            counts[qb, kb] = (whole, lanes)
+        assert set(counts) == {tuple(ij) for ij in torch.nonzero(reaches).tolist()}, case
+        for (qb, kb), (whole, lanes) in counts.items():
+            expected = int(reaches[qb, :kb].sum())
+            assert whole == lanes == expected, (case, qb, kb, whole, lanes, expected)
+
+
 TOKEN_HARNESS = r"""
 #include <cstdio>
 #include <vector>
