@@ -199,15 +199,21 @@ IMPLICIT_CASES = [(q, kv, bq, bk, w, kind)
                   for w, kind in [(0, 1), (1, 1), (50, 1), (200, 1), (0, 2)]]
 
 
+def implicit_case_outputs(harness: str, exe: Path) -> list[tuple[tuple[int, ...], str]]:
+    """Each of IMPLICIT_CASES with what the host program ``harness`` (compiled into ``exe``) printed for it, the
+    cases read one per line from its stdin and each answer ended by a line "end"."""
+    lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
+    out = subprocess.run([str(host_program(harness, exe))], input=lines, capture_output=True, text=True,
+                         check=True).stdout
+    return list(zip(IMPLICIT_CASES, out.split("end\n")))
+
+
 def test_implicit_blocks_of_the_kernels_cover_exactly_the_allowed_pairs(tmp_path):
     """The row and column views the kernels derive for implicit masks, run on the host: every pair the rule
     allows lies in a listed block, each block's type holds for every pair in it, and both views list the same
     blocks as `OmniBlockMask.block_table` (what the reference and `describe` use)."""
     needs()
-    exe = host_program(HARNESS, tmp_path / "harness")
-    lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
-    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
-    for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
+    for case, block in implicit_case_outputs(HARNESS, tmp_path / "harness"):
         q_len, kv_len, block_q, block_kv, window, kind = case
         mask = (OmniBlockMask.causal(q_len, kv_len, block_size=(block_q, block_kv), window=window or None)
                 if kind == 1 else OmniBlockMask.full(q_len, kv_len, block_size=(block_q, block_kv)))
@@ -273,10 +279,7 @@ def test_the_deterministic_turn_counts_the_earlier_key_blocks_that_reach_a_q_blo
     shares. A count too high would leave a CTA waiting for a turn that never comes; too low, two CTAs would add at
     once."""
     needs()
-    exe = host_program(TURN_HARNESS, tmp_path / "turns")
-    lines = "".join(" ".join(map(str, case)) + "\n" for case in IMPLICIT_CASES)
-    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
-    for case, block in zip(IMPLICIT_CASES, out.split("end\n")):
+    for case, block in implicit_case_outputs(TURN_HARNESS, tmp_path / "turns"):
         q_len, kv_len, block_q, block_kv, window, kind = case
         dense = (causal_dense(q_len, kv_len, window or None) if kind == 1
                  else torch.ones(q_len, kv_len, dtype=torch.bool))
