@@ -222,7 +222,7 @@ def _cuda_backward(dout, q, k, v, out, lse, sinks, bias, bias_grad: bool, mask_t
     if sinks is not None and deterministic:
         dsinks = reference.sink_gradient(dout, out, lse, sinks)
     if dbias is not None and dbias.shape != bias.shape:
-        dbias = _summed_to(dbias, bias.shape)
+        dbias = reference.summed_to_broadcast(dbias, bias.shape).reshape(bias.shape)
     return (*grads, dsinks, dbias)
 
 
@@ -232,13 +232,6 @@ def _bias_exclusive(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> boo
     call = (*q.shape[:3], k.shape[2])
     shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
     return all(size == extent or extent == 1 for size, extent in zip(shape, call))
-
-
-def _summed_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``grad`` of the call's ``[B, Hq, Sq, Skv]`` summed over the dims a bias of ``shape`` broadcasts on."""
-    padded = (1,) * (4 - len(shape)) + tuple(shape)
-    dims = [d for d in range(4) if padded[d] == 1 and grad.shape[d] > 1]
-    return (grad.sum(dims, keepdim=True) if dims else grad).reshape(shape)
 
 
 class _Attention(torch.autograd.Function):

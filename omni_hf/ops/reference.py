@@ -15,11 +15,13 @@ shape (`attention_backward`'s ``dbias``), as the CUDA op adds it; masked pairs a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..mask import OmniBlockMask
 
-__all__ = ["attention_forward", "attention_backward", "sink_gradient"]
+__all__ = ["attention_forward", "attention_backward", "sink_gradient", "summed_to_broadcast"]
 
 _CHUNK_ELEMENTS = 1 << 24  # score elements of one query-row chunk
 
@@ -200,13 +202,18 @@ def _add_bias_gradient(dbias: torch.Tensor, ds: torch.Tensor, start: int, stop: 
     """Adds the gradient of the logits of rows ``start:stop`` (``ds``, ``[B, Hkv, G, rows, Skv]``) into ``dbias``
     (bias's shape), summed over the dims where bias broadcasts."""
     target = _as_4d(dbias)
-    grad = _ungroup(ds)
-    summed = tuple(d for d in range(4) if target.shape[d] == 1 and grad.shape[d] != 1)
-    if summed:
-        grad = grad.sum(summed, keepdim=True)
+    grad = summed_to_broadcast(_ungroup(ds), target.shape)
     if target.shape[2] != 1:
         target = target[:, :, start:stop]
     target += grad.to(target.dtype)
+
+
+def summed_to_broadcast(grad: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``grad`` (4 dims, the call's ``[B, Hq, rows, Skv]`` or part of it) summed over the dims where a bias of
+    ``shape`` (at most 4 dims, size-1 dims prepended) broadcasts, keeping them as size 1."""
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    summed = tuple(d for d in range(4) if padded[d] == 1 and grad.shape[d] != 1)
+    return grad.sum(summed, keepdim=True) if summed else grad
 
 
 def _mask_rows(mask: OmniBlockMask | torch.Tensor, start: int, stop: int, heads_kv: int,
